@@ -1,0 +1,185 @@
+/* command.c - command-line framing, verbs and ESMTP parameters.
+ * RFC 5321 §2.3.8 (lines end in CRLF), §4.1.1 (verbs), §4.1.2 (esmtp-param). */
+#include "command.h"
+
+#include <string.h>
+
+void smtpe__line_reset(smtpe__line *l)
+{
+    l->len = 0;
+    l->flags = 0;
+}
+
+static void line_append(smtpe__line *l, uint8_t c)
+{
+    if (l->len < l->cap)
+        l->buf[l->len++] = c;
+    else
+        l->flags |= SMTPE__LINE_TOO_LONG;
+}
+
+/* A bare CR, bare LF or NUL under the session's policy. Returns 1 if it ends the line. */
+static int line_oddity(smtpe__line *l, uint8_t c, smtpe_line_ending_policy policy)
+{
+    switch (policy) {
+    case SMTPE_LINE_ENDING_NORMALISE:
+        return c != 0; /* bare CR/LF end the line; NUL is dropped */
+    case SMTPE_LINE_ENDING_KEEP:
+        line_append(l, c);
+        return 0;
+    default:
+        l->flags |= SMTPE__LINE_BARE;
+        return 0;
+    }
+}
+
+size_t smtpe__line_feed(smtpe__line *l, const uint8_t *p, size_t n,
+                        smtpe_line_ending_policy policy)
+{
+    size_t i = 0;
+    while (i < n) {
+        uint8_t c = p[i];
+        if (l->flags & SMTPE__LINE_CR) {
+            l->flags &= ~SMTPE__LINE_CR;
+            if (c == '\n') {
+                l->flags |= SMTPE__LINE_DONE;
+                return i + 1;
+            }
+            if (line_oddity(l, '\r', policy)) {
+                l->flags |= SMTPE__LINE_DONE;
+                return i; /* c starts the next line */
+            }
+            continue; /* c is looked at again, without the CR */
+        }
+        i++;
+        if (c == '\r') {
+            l->flags |= SMTPE__LINE_CR;
+        } else if (c == '\n' || c == 0) {
+            if (line_oddity(l, c, policy)) {
+                l->flags |= SMTPE__LINE_DONE;
+                return i;
+            }
+        } else if (l->len < l->cap) {
+            /* Fast path: copy the run of ordinary octets at once. */
+            size_t run = 1;
+            while (i - 1 + run < n && run < l->cap - l->len) {
+                uint8_t d = p[i - 1 + run];
+                if (d == '\r' || d == '\n' || d == 0)
+                    break;
+                run++;
+            }
+            memcpy(l->buf + l->len, p + i - 1, run);
+            l->len += run;
+            i += run - 1;
+        } else {
+            l->flags |= SMTPE__LINE_TOO_LONG;
+        }
+    }
+    return i;
+}
+
+static uint8_t lower(uint8_t c)
+{
+    return (c >= 'A' && c <= 'Z') ? (uint8_t)(c + 32) : c;
+}
+
+int smtpe__has_prefix_ci(const uint8_t *p, size_t n, const char *prefix)
+{
+    size_t k = strlen(prefix);
+    if (n < k)
+        return 0;
+    for (size_t i = 0; i < k; i++)
+        if (lower(p[i]) != lower((uint8_t)prefix[i]))
+            return 0;
+    return 1;
+}
+
+static const struct {
+    const char *name;
+    smtpe__verb verb;
+} verbs[] = {
+    {"HELO", SMTPE__VERB_HELO}, {"EHLO", SMTPE__VERB_EHLO}, {"MAIL", SMTPE__VERB_MAIL},
+    {"RCPT", SMTPE__VERB_RCPT}, {"DATA", SMTPE__VERB_DATA}, {"RSET", SMTPE__VERB_RSET},
+    {"NOOP", SMTPE__VERB_NOOP}, {"QUIT", SMTPE__VERB_QUIT}, {"VRFY", SMTPE__VERB_VRFY},
+    {"EXPN", SMTPE__VERB_EXPN}, {"HELP", SMTPE__VERB_HELP},
+};
+
+smtpe__verb smtpe__command_split(const uint8_t *line, size_t n, smtpe_span *verb,
+                                 smtpe_span *argument)
+{
+    size_t v = 0, a;
+    while (v < n && line[v] != ' ')
+        v++;
+    a = v;
+    while (a < n && line[a] == ' ')
+        a++;
+    verb->ptr = line;
+    verb->len = v;
+    argument->ptr = line + a;
+    argument->len = n - a;
+    if (v != 4)
+        return SMTPE__VERB_UNKNOWN;
+    for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++)
+        if (smtpe__has_prefix_ci(line, v, verbs[i].name))
+            return verbs[i].verb;
+    return SMTPE__VERB_UNKNOWN;
+}
+
+static int is_alnum(uint8_t c)
+{
+    return (c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z');
+}
+
+/* esmtp-value = 1*(%d33-60 / %d62-126), plus UTF-8 octets (RFC 6531 §3.3). */
+static int is_value_octet(uint8_t c)
+{
+    return (c >= 33 && c <= 126 && c != '=') || c >= 0x80;
+}
+
+int smtpe__parse_params(const uint8_t *p, size_t n, smtpe_param *out, size_t max, size_t *count)
+{
+    size_t i = 0;
+    *count = 0;
+    for (;;) {
+        size_t k, v;
+        while (i < n && p[i] == ' ')
+            i++;
+        if (i == n)
+            return SMTPE__PARAMS_OK;
+        k = i;
+        if (!is_alnum(p[i]))
+            return SMTPE__PARAMS_SYNTAX;
+        while (i < n && (is_alnum(p[i]) || p[i] == '-'))
+            i++;
+        v = i;
+        if (i < n && p[i] == '=') {
+            v = ++i;
+            while (i < n && is_value_octet(p[i]))
+                i++;
+            if (i == v)
+                return SMTPE__PARAMS_SYNTAX;
+        }
+        if (i < n && p[i] != ' ')
+            return SMTPE__PARAMS_SYNTAX;
+        if (*count == max)
+            return SMTPE__PARAMS_TOO_MANY;
+        out[*count].keyword = (smtpe_span){p + k, (v > k && p[v - 1] == '=') ? v - 1 - k : v - k};
+        out[*count].value = (smtpe_span){p + v, i - v};
+        (*count)++;
+    }
+}
+
+int smtpe__parse_u64(smtpe_span s, uint64_t *v)
+{
+    uint64_t r = 0;
+    if (s.len == 0 || s.len > 20)
+        return -1;
+    for (size_t i = 0; i < s.len; i++) {
+        uint8_t c = s.ptr[i];
+        if (c < '0' || c > '9' || r > (UINT64_MAX - (c - '0')) / 10)
+            return -1;
+        r = r * 10 + (c - '0');
+    }
+    *v = r;
+    return 0;
+}

@@ -1,0 +1,65 @@
+/* command.h - command-line framing, verbs and ESMTP parameters (private to the engine). */
+#ifndef SMTPE_COMMAND_H
+#define SMTPE_COMMAND_H
+#include "smtpe.h"
+
+/* A command line being assembled in engine memory. Only CRLF ends a line (RFC 5321 §2.3.8),
+ * except that under SMTPE_LINE_ENDING_NORMALISE a bare LF or bare CR ends it too. */
+typedef struct smtpe__line {
+    uint8_t *buf;   /* cap octets, owned by the session */
+    size_t cap;     /* longest line without CRLF: max_line_length - 2 */
+    size_t len;     /* octets in buf */
+    unsigned flags; /* SMTPE__LINE_* */
+} smtpe__line;
+
+#define SMTPE__LINE_TOO_LONG (1u << 0) /* octets past cap were dropped */
+#define SMTPE__LINE_BARE (1u << 1)     /* a bare CR, bare LF or NUL was seen (REFUSE policy) */
+#define SMTPE__LINE_CR (1u << 2)       /* the last octet seen was CR (not in buf) */
+#define SMTPE__LINE_DONE (1u << 3)     /* a whole line is in buf */
+
+/* Clears the line for the next command. */
+void smtpe__line_reset(smtpe__line *l);
+
+/* Consumes octets of p[0..n) into l until a line ends (SMTPE__LINE_DONE set in l->flags) or the
+ * input runs out. Returns the octets consumed. */
+size_t smtpe__line_feed(smtpe__line *l, const uint8_t *p, size_t n,
+                        smtpe_line_ending_policy policy);
+
+/* Command verbs of RFC 5321 §4.1.1. */
+typedef enum smtpe__verb {
+    SMTPE__VERB_UNKNOWN = 0,
+    SMTPE__VERB_HELO,
+    SMTPE__VERB_EHLO,
+    SMTPE__VERB_MAIL,
+    SMTPE__VERB_RCPT,
+    SMTPE__VERB_DATA,
+    SMTPE__VERB_RSET,
+    SMTPE__VERB_NOOP,
+    SMTPE__VERB_QUIT,
+    SMTPE__VERB_VRFY,
+    SMTPE__VERB_EXPN,
+    SMTPE__VERB_HELP
+} smtpe__verb;
+
+/* Splits a line into its verb (up to the first SP, compared without regard to case) and the
+ * argument after the SP(s) that follow it. Returns the verb. */
+smtpe__verb smtpe__command_split(const uint8_t *line, size_t n, smtpe_span *verb,
+                                 smtpe_span *argument);
+
+/* 1 if p[0..n) starts with the ASCII prefix (compared without regard to case). */
+int smtpe__has_prefix_ci(const uint8_t *p, size_t n, const char *prefix);
+
+/* Results of smtpe__parse_params. */
+#define SMTPE__PARAMS_OK 0
+#define SMTPE__PARAMS_SYNTAX 1   /* malformed keyword or value */
+#define SMTPE__PARAMS_TOO_MANY 2 /* more than max */
+
+/* Parses esmtp-params (RFC 5321 §4.1.2: SP-separated keyword[=value]) in p[0..n); p starts at
+ * the first keyword (leading SPs are skipped, trailing ones ignored). Fills out[0..*count), spans
+ * into p. Values may hold non-ASCII octets (RFC 6531 §3.3); the caller checks them. */
+int smtpe__parse_params(const uint8_t *p, size_t n, smtpe_param *out, size_t max, size_t *count);
+
+/* Parses an unsigned decimal of 1..20 digits without overflow. Returns 0 and *v, or -1. */
+int smtpe__parse_u64(smtpe_span s, uint64_t *v);
+
+#endif

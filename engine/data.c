@@ -1,0 +1,193 @@
+/* data.c - DATA content: end-of-data detection and dot-unstuffing.
+ * RFC 5321 §4.1.1.4 (the end is CRLF "." CRLF), §4.5.2 (transparency), §2.3.8 (bare CR/LF).
+ *
+ * The scanner keeps its position within a line in d->state and hands content out as spans of
+ * the input, so a message is never copied. A dot at the start of a line is held back (it is
+ * either dropped or part of the terminator), which is why a span ends there. A bare LF or CR
+ * never starts a line, so no sequence but CR LF . CR LF can end the content. */
+#include "data.h"
+
+enum {
+    DS_BOL = 0, /* at the start of a line */
+    DS_DOT,     /* "." at the start of a line, held back */
+    DS_DOTCR,   /* "." CR at the start of a line, held back */
+    DS_MID,     /* inside a line */
+    DS_CR       /* inside a line, after a CR (already handed out) */
+};
+
+static const uint8_t crlf[2] = {'\r', '\n'};
+
+void smtpe__data_start(smtpe__data *d, smtpe_line_ending_policy policy, uint64_t max_size)
+{
+    d->state = DS_BOL;
+    d->policy = policy;
+    d->max_size = max_size;
+    d->size = 0;
+    d->status = SMTPE_DATA_OK;
+    d->flags = 0;
+}
+
+/* Counts len content octets; returns 1 if they may be handed out. */
+static int account(smtpe__data *d, size_t len)
+{
+    if (d->status != SMTPE_DATA_OK)
+        return 0;
+    if (d->max_size && d->size + len > d->max_size) {
+        d->status = SMTPE_DATA_TOO_BIG;
+        return 0;
+    }
+    d->size += len;
+    return 1;
+}
+
+static void refuse(smtpe__data *d)
+{
+    if (d->status == SMTPE_DATA_OK)
+        d->status = SMTPE_DATA_BAD_LINE_ENDING;
+}
+
+/* Result of looking at one octet. */
+enum {
+    ACT_CONTENT,       /* c is content */
+    ACT_SKIP,          /* c is consumed and is not content */
+    ACT_AGAIN,         /* c is not consumed; look at it again in the new state */
+    ACT_CONST_CONSUME, /* hand out *cs instead of c */
+    ACT_CONST_KEEP,    /* hand out *cs, then look at c again */
+    ACT_END            /* c ends the content */
+};
+
+/* Decides what the octet c means in the current state and moves the state on. For the CONST
+ * actions, *cs and *cn say which static octets to hand out instead of (CONSUME) or before (KEEP) c. */
+static int step(smtpe__data *d, uint8_t c, const uint8_t **cs, size_t *cn)
+{
+    int keep = d->policy == SMTPE_LINE_ENDING_KEEP;
+    int norm = d->policy == SMTPE_LINE_ENDING_NORMALISE;
+    switch (d->state) {
+    case DS_BOL:
+        if (c == '.') {
+            d->state = DS_DOT;
+            return ACT_SKIP;
+        }
+        break;
+    case DS_DOT:
+        if (c == '\r') {
+            d->state = DS_DOTCR;
+            return ACT_SKIP;
+        }
+        d->state = DS_MID; /* the stuffed dot is dropped; c is content */
+        break;
+    case DS_DOTCR:
+        if (c == '\n') {
+            d->state = DS_BOL;
+            return ACT_END;
+        }
+        /* ".", bare CR, c: the dot is dropped, the bare CR is handled, c is seen again */
+        d->state = DS_MID;
+        if (!keep && !norm) {
+            refuse(d);
+            return ACT_AGAIN;
+        }
+        d->flags |= norm ? SMTPE_DATA_NORMALISED : 0;
+        *cs = crlf;
+        *cn = norm ? 2 : 1;
+        return ACT_CONST_KEEP;
+    case DS_CR:
+        if (c == '\n') {
+            d->state = DS_BOL;
+            return ACT_CONTENT;
+        }
+        d->state = DS_MID;
+        if (norm) { /* the CR went out already: add its LF, then see c again */
+            d->flags |= SMTPE_DATA_NORMALISED;
+            *cs = crlf + 1;
+            *cn = 1;
+            return ACT_CONST_KEEP;
+        }
+        if (!keep)
+            refuse(d);
+        break;
+    default:
+        break;
+    }
+    /* inside a line */
+    if (c == '\r') {
+        d->state = DS_CR;
+        return ACT_CONTENT;
+    }
+    d->state = DS_MID;
+    if (c == '\n' || c == 0) {
+        if (keep)
+            return ACT_CONTENT;
+        if (!norm) {
+            refuse(d);
+            return ACT_SKIP;
+        }
+        d->flags |= SMTPE_DATA_NORMALISED;
+        if (c == 0)
+            return ACT_SKIP;
+        *cs = crlf;
+        *cn = 2;
+        return ACT_CONST_CONSUME;
+    }
+    if (c >= 0x80)
+        d->flags |= SMTPE_DATA_HAS_8BIT;
+    return ACT_CONTENT;
+}
+
+size_t smtpe__data_feed(smtpe__data *d, const uint8_t *p, size_t n, smtpe_span *chunk, int *end)
+{
+    size_t i = 0, run = 0; /* p[i - run .. i) is content not yet handed out */
+    *end = 0;
+    chunk->ptr = p;
+    chunk->len = 0;
+    while (i < n) {
+        if (d->state == DS_MID || (d->state == DS_BOL && p[i] != '.')) {
+            /* Fast path: a run of octets that are content whatever the policy. */
+            size_t j = i;
+            unsigned high = 0;
+            while (j < n && p[j] != '\r' && p[j] != '\n' && p[j] != 0)
+                high |= p[j++];
+            if (j > i) {
+                d->state = DS_MID;
+                if (high & 0x80)
+                    d->flags |= SMTPE_DATA_HAS_8BIT;
+                run = account(d, j - i) ? run + (j - i) : 0;
+                i = j;
+                continue;
+            }
+        }
+        int saved = d->state;
+        const uint8_t *cs = NULL;
+        size_t cn = 0;
+        int act = step(d, p[i], &cs, &cn);
+        if (act == ACT_CONTENT) {
+            if (account(d, 1))
+                run++;
+            else
+                run = 0;
+            i++;
+            continue;
+        }
+        if (run > 0) { /* hand out the content so far; look at p[i] again next call */
+            d->state = saved;
+            break;
+        }
+        if (act == ACT_SKIP) {
+            i++;
+        } else if (act == ACT_END) {
+            *end = 1;
+            return i + 1;
+        } else if (act != ACT_AGAIN) { /* CONST_CONSUME or CONST_KEEP */
+            if (act == ACT_CONST_CONSUME)
+                i++;
+            if (account(d, cn)) {
+                chunk->ptr = cs;
+                chunk->len = cn;
+                return i;
+            }
+        }
+    }
+    chunk->ptr = p + i - run;
+    chunk->len = run;
+    return i;
+}

@@ -1,0 +1,25 @@
+/* data.h - DATA content: end-of-data detection and dot-unstuffing (private to the engine).
+ * RFC 5321 §4.1.1.4 and §4.5.2. Only CR LF . CR LF ends the content, whatever the policy. */
+#ifndef SMTPE_DATA_H
+#define SMTPE_DATA_H
+#include "smtpe.h"
+
+typedef struct smtpe__data {
+    int state;                       /* SMTPE__DS_* */
+    smtpe_line_ending_policy policy;
+    uint64_t max_size;               /* 0: no limit */
+    uint64_t size;                   /* content octets so far */
+    int status;                      /* SMTPE_DATA_* */
+    unsigned flags;                  /* SMTPE_DATA_NORMALISED | SMTPE_DATA_HAS_8BIT */
+} smtpe__data;
+
+/* Starts a message; the CRLF of the DATA line counts as the line break before it. */
+void smtpe__data_start(smtpe__data *d, smtpe_line_ending_policy policy, uint64_t max_size);
+
+/* Scans p[0..n). Returns octets consumed, and stops early as soon as it has content to hand
+ * out: *chunk then holds it (into p, or static memory for a normalised line break). *end is set
+ * to 1 when the final CRLF.CRLF has been consumed. After status leaves SMTPE_DATA_OK no more
+ * content is handed out, but the scan goes on to the end of data. */
+size_t smtpe__data_feed(smtpe__data *d, const uint8_t *p, size_t n, smtpe_span *chunk, int *end);
+
+#endif

@@ -1,0 +1,93 @@
+/* reply.c - reply formatting: reply codes, enhanced status codes, multi-line replies.
+ * RFC 5321 §4.2 (reply format), RFC 2034 §3 and RFC 3463 §2 (enhanced status codes). */
+#include "reply.h"
+
+#include <string.h>
+
+static size_t put(uint8_t *out, size_t cap, size_t at, const void *src, size_t n)
+{
+    if (at > cap || n > cap - at)
+        return SIZE_MAX;
+    memcpy(out + at, src, n);
+    return at + n;
+}
+
+size_t smtpe__reply_line(uint8_t *out, size_t cap, size_t at, unsigned code, int last,
+                        const char *enhanced, const char *text, size_t len)
+{
+    char sep = last ? ' ' : '-';
+    char head[4] = {(char)('0' + code / 100), (char)('0' + code / 10 % 10),
+                    (char)('0' + code % 10), sep};
+    size_t start = at;
+    at = put(out, cap, at, head, 4);
+    if (enhanced && at != SIZE_MAX) {
+        at = put(out, cap, at, enhanced, strlen(enhanced));
+        if (at != SIZE_MAX && len > 0)
+            at = put(out, cap, at, " ", 1);
+    }
+    if (at != SIZE_MAX)
+        at = put(out, cap, at, text, len);
+    if (at != SIZE_MAX)
+        at = put(out, cap, at, "\r\n", 2);
+    if (at == SIZE_MAX || at - start > SMTPE__REPLY_LINE_MAX)
+        return SIZE_MAX;
+    return at;
+}
+
+size_t smtpe__reply_format(uint8_t *out, size_t cap, unsigned code, const char *enhanced,
+                           const char *text, size_t text_len)
+{
+    size_t at = 0, line = 0;
+    if (code < 100 || code > 599)
+        return 0;
+    for (;;) {
+        const char *nl = memchr(text + line, '\n', text_len - line);
+        size_t end = nl ? (size_t)(nl - text) : text_len;
+        at = smtpe__reply_line(out, cap, at, code, !nl, enhanced, text + line, end - line);
+        if (at == SIZE_MAX)
+            return 0;
+        if (!nl)
+            return at;
+        line = end + 1;
+    }
+}
+
+static int digits(const char **p, int max)
+{
+    int n = 0;
+    while (**p >= '0' && **p <= '9') {
+        (*p)++;
+        if (++n > max)
+            return 0;
+    }
+    return n > 0;
+}
+
+int smtpe__enhanced_valid(const char *s, unsigned code)
+{
+    if (!s || s[0] != (char)('0' + code / 100) || (s[0] != '2' && s[0] != '4' && s[0] != '5'))
+        return 0;
+    if (s[1] != '.')
+        return 0;
+    s += 2;
+    if (!digits(&s, 3) || *s++ != '.' || !digits(&s, 3))
+        return 0;
+    return *s == '\0';
+}
+
+int smtpe__reply_text_valid(const char *text, size_t len)
+{
+    size_t line = 0;
+    if (len > SMTPE__REPLY_TOTAL_MAX)
+        return 0;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)text[i];
+        if (c == '\n') {
+            line = 0;
+            continue;
+        }
+        if (c < 0x20 || c == 0x7f || ++line > SMTPE__REPLY_TEXT_MAX)
+            return 0;
+    }
+    return 1;
+}
