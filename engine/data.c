@@ -27,17 +27,20 @@ void smtpe__data_start(smtpe__data *d, smtpe_line_ending_policy policy, uint64_t
     d->flags = 0;
 }
 
-/* Counts len content octets; returns 1 if they may be handed out. */
-static int account(smtpe__data *d, size_t len)
+/* Counts len content octets and returns how many of them may be handed out: all while the
+ * content is acceptable, none once it is not, and exactly up to max_size where it crosses the
+ * limit, so that what is handed out never depends on how the input was split. */
+static size_t account(smtpe__data *d, size_t len)
 {
-    if (d->status != SMTPE_DATA_OK)
-        return 0;
-    if (d->max_size && d->size + len > d->max_size) {
+    size_t ok = len;
+    if (d->status != SMTPE_DATA_OK) {
+        ok = 0;
+    } else if (d->max_size && d->size + len > d->max_size) {
+        ok = (size_t)(d->max_size - d->size);
         d->status = SMTPE_DATA_TOO_BIG;
-        return 0;
     }
     d->size += len;
-    return 1;
+    return ok;
 }
 
 static void refuse(smtpe__data *d)
@@ -141,9 +144,9 @@ size_t smtpe__data_feed(smtpe__data *d, const uint8_t *p, size_t n, smtpe_span *
     chunk->ptr = p;
     chunk->len = 0;
     while (i < n) {
+        size_t j = i, ok;
         if (d->state == DS_MID || (d->state == DS_BOL && p[i] != '.')) {
             /* Fast path: a run of octets that are content whatever the policy. */
-            size_t j = i;
             unsigned high = 0;
             while (j < n && p[j] != '\r' && p[j] != '\n' && p[j] != 0)
                 high |= p[j++];
@@ -151,41 +154,43 @@ size_t smtpe__data_feed(smtpe__data *d, const uint8_t *p, size_t n, smtpe_span *
                 d->state = DS_MID;
                 if (high & 0x80)
                     d->flags |= SMTPE_DATA_HAS_8BIT;
-                run = account(d, j - i) ? run + (j - i) : 0;
-                i = j;
+            }
+        }
+        if (j == i) {
+            int saved = d->state;
+            const uint8_t *cs = NULL;
+            size_t cn = 0;
+            int act = step(d, p[i], &cs, &cn);
+            if (act == ACT_CONTENT) {
+                j = i + 1;
+            } else if (run > 0) { /* hand out the content so far; see p[i] again next call */
+                d->state = saved;
+                break;
+            } else if (act == ACT_END) {
+                *end = 1;
+                return i + 1;
+            } else {
+                i += act == ACT_SKIP || act == ACT_CONST_CONSUME;
+                if (act == ACT_SKIP || act == ACT_AGAIN)
+                    continue;
+                ok = account(d, cn); /* a normalised line break */
+                if (ok > 0) {
+                    chunk->ptr = cs;
+                    chunk->len = ok;
+                    return i;
+                }
                 continue;
             }
         }
-        int saved = d->state;
-        const uint8_t *cs = NULL;
-        size_t cn = 0;
-        int act = step(d, p[i], &cs, &cn);
-        if (act == ACT_CONTENT) {
-            if (account(d, 1))
-                run++;
-            else
-                run = 0;
-            i++;
-            continue;
+        /* p[i..j) is content */
+        ok = account(d, j - i);
+        run += ok;
+        if (ok < j - i) { /* the content stopped being acceptable inside p[i..j) */
+            chunk->ptr = p + i + ok - run;
+            chunk->len = run;
+            return j;
         }
-        if (run > 0) { /* hand out the content so far; look at p[i] again next call */
-            d->state = saved;
-            break;
-        }
-        if (act == ACT_SKIP) {
-            i++;
-        } else if (act == ACT_END) {
-            *end = 1;
-            return i + 1;
-        } else if (act != ACT_AGAIN) { /* CONST_CONSUME or CONST_KEEP */
-            if (act == ACT_CONST_CONSUME)
-                i++;
-            if (account(d, cn)) {
-                chunk->ptr = cs;
-                chunk->len = cn;
-                return i;
-            }
-        }
+        i = j;
     }
     chunk->ptr = p + i - run;
     chunk->len = run;

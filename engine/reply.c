@@ -75,19 +75,25 @@ int smtpe__enhanced_valid(const char *s, unsigned code)
     return *s == '\0';
 }
 
-int smtpe__reply_text_valid(const char *text, size_t len)
+int smtpe__reply_text_check(const char *text, size_t len)
 {
     size_t line = 0;
-    if (len > SMTPE__REPLY_TOTAL_MAX)
-        return 0;
+    int too_long = len > SMTPE__REPLY_TOTAL_MAX;
     for (size_t i = 0; i < len; i++) {
         unsigned char c = (unsigned char)text[i];
         if (c == '\n') {
             line = 0;
             continue;
         }
-        if (c < 0x20 || c == 0x7f || ++line > SMTPE__REPLY_TEXT_MAX)
-            return 0;
+        if (c < 0x20 || c == 0x7f)
+            return 1;
+        if (++line > SMTPE__REPLY_TEXT_MAX)
+            too_long = 1;
     }
-    return 1;
+    return too_long ? 2 : 0;
+}
+
+int smtpe__reply_text_valid(const char *text, size_t len)
+{
+    return smtpe__reply_text_check(text, len) == 0;
 }

@@ -28,4 +28,7 @@ int smtpe__enhanced_valid(const char *s, unsigned code);
  * SMTPE__REPLY_TEXT_MAX octets, all at most SMTPE__REPLY_TOTAL_MAX. */
 int smtpe__reply_text_valid(const char *text, size_t len);
 
+/* The same check, telling why: 0 acceptable, 1 a control octet, 2 a line or the whole too long. */
+int smtpe__reply_text_check(const char *text, size_t len);
+
 #endif

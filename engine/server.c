@@ -618,10 +618,6 @@ ssize_t smtpe_server_recv(smtpe_server *s, const uint8_t *buf, size_t len, uint6
     size_t used = 0;
     if (!s || (!buf && len > 0))
         return SMTPE_ERR_INVALID_ARGUMENT;
-    if (len > 0) {
-        s->last_activity = now_ms;
-        s->timer_restart = 0;
-    }
     while (used < len && !s->closing && !s->event_ready && s->verdict == SMTPE_EV_NONE &&
            out_space(s) >= s->reserve) {
         if (s->mode == MODE_DATA) {
@@ -634,6 +630,10 @@ ssize_t smtpe_server_recv(smtpe_server *s, const uint8_t *buf, size_t len, uint6
         if (s->line.flags & SMTPE__LINE_DONE)
             handle_line(s);
     }
+    if (used > 0) { /* only progress restarts the timeouts */
+        s->last_activity = now_ms;
+        s->timer_restart = 0;
+    }
     s->stats.octets_in += used;
     return (ssize_t)used;
 }
@@ -642,7 +642,12 @@ int smtpe_server_next_event(smtpe_server *s, smtpe_event *ev)
 {
     if (!s || !ev || !s->event_ready)
         return 0;
-    *ev = s->ev;
+    if (s->ev.type == SMTPE_EV_DATA_CHUNK) { /* the hot path: copy only what it uses */
+        ev->type = SMTPE_EV_DATA_CHUNK;
+        ev->chunk = s->ev.chunk;
+    } else {
+        *ev = s->ev;
+    }
     s->event_ready = 0;
     return 1;
 }
@@ -713,6 +718,20 @@ static const char *default_enhanced(char *buf, unsigned code)
     return buf;
 }
 
+static const char *default_text(unsigned code)
+{
+    return code < 300 ? "Ok" : code < 400 ? "Continue" : code < 500 ? "Try again later" : "Rejected";
+}
+
+/* Checks a host's enhanced status code and text. Returns 0 or an SMTPE_ERR_*. */
+static int check_reply_args(unsigned code, const char *enhanced, const char *text)
+{
+    int t = text ? smtpe__reply_text_check(text, strlen(text)) : 0;
+    if (enhanced && !smtpe__enhanced_valid(enhanced, code))
+        return SMTPE_ERR_INVALID_ARGUMENT;
+    return t == 1 ? SMTPE_ERR_INVALID_ARGUMENT : t == 2 ? SMTPE_ERR_REPLY_TOO_LONG : 0;
+}
+
 static int code_fits(smtpe_event_type type, unsigned code)
 {
     unsigned cls = code / 100;
@@ -775,8 +794,7 @@ static int verdict(smtpe_server *s, unsigned code, const char *enhanced, const c
         if (!enhanced)
             enhanced = default_enhanced(enh, code);
         if (!text)
-            text = code < 300 ? "Ok" : code < 400 ? "Continue" : code < 500 ? "Try again later"
-                                                                               : "Rejected";
+            text = default_text(code);
         if (type == SMTPE_EV_HELO)
             enhanced = NULL;
         r = reply(s, code, enhanced, text);
@@ -797,12 +815,11 @@ int smtpe_server_reply(smtpe_server *s, unsigned code, const char *enhanced, con
         return SMTPE_ERR_INVALID_ARGUMENT;
     if (s->verdict == SMTPE_EV_NONE)
         return SMTPE_ERR_STATE;
-    if (!code_fits(s->verdict, code) || (enhanced && !smtpe__enhanced_valid(enhanced, code)) ||
-        (text && !smtpe__reply_text_valid(text, strlen(text))))
-        return SMTPE_ERR_INVALID_ARGUMENT;
-    if (s->verdict == SMTPE_EV_HELO && text && strchr(text, '\n'))
-        return SMTPE_ERR_INVALID_ARGUMENT;
-    return verdict(s, code, enhanced, text);
+    int r = code_fits(s->verdict, code) ? check_reply_args(code, enhanced, text)
+                                        : SMTPE_ERR_INVALID_ARGUMENT;
+    if (r == 0 && s->verdict == SMTPE_EV_HELO && text && strchr(text, '\n'))
+        r = SMTPE_ERR_INVALID_ARGUMENT; /* the first line of the EHLO reply is one line */
+    return r ? r : verdict(s, code, enhanced, text);
 }
 
 int smtpe_server_accept(smtpe_server *s)
@@ -836,10 +853,11 @@ int smtpe_server_close(smtpe_server *s, unsigned code, const char *enhanced, con
 {
     char enh[8];
     int r;
-    if (!s || (code != 221 && (code < 400 || code > 599)) ||
-        (enhanced && !smtpe__enhanced_valid(enhanced, code)) ||
-        (text && !smtpe__reply_text_valid(text, strlen(text))))
+    if (!s || (code != 221 && code != 421 && (code < 500 || code > 599)))
         return SMTPE_ERR_INVALID_ARGUMENT;
+    r = check_reply_args(code, enhanced, text);
+    if (r != 0)
+        return r;
     if (s->closing)
         return SMTPE_ERR_STATE;
     if (s->stats.octets_out == 0 && s->out_off == 0)
@@ -847,7 +865,7 @@ int smtpe_server_close(smtpe_server *s, unsigned code, const char *enhanced, con
     if (!enhanced)
         enhanced = default_enhanced(enh, code);
     if (!text)
-        text = "Closing connection";
+        text = default_text(code);
     r = out_reply(s, code, enhanced, text, strlen(text), 1);
     if (r != 0)
         return r;

@@ -222,7 +222,8 @@ typedef struct smtpe_event {
          * concatenation of the chunks does not. */
         smtpe_span chunk;
         struct {
-            uint64_t size; /* content octets delivered in chunks (after unstuffing) */
+            uint64_t size; /* content octets after unstuffing, counted to the end even
+                              when status stopped the chunks (so it may exceed the limit) */
             int status;    /* SMTPE_DATA_* */
             unsigned flags;
         } data_end;
@@ -270,7 +271,8 @@ SMTPE_EXTERN void smtpe_server_free(smtpe_server *s);
 /* Feeds len octets read from the client. The engine consumes octets until it has an event for
  * the host to take, waits for a verdict, has too little reply buffer left for another reply, or
  * wants to close; the host keeps the rest and feeds it again after taking the event, giving the
- * verdict or sending output. now_ms is the monotonic clock in ms (restarts the timeouts).
+ * verdict or sending output. now_ms is the monotonic clock in ms; consuming at least one octet
+ * restarts the timeouts from it.
  * Returns the number of octets consumed (0..len), or SMTPE_ERR_INVALID_ARGUMENT.
  * RFC 5321 §2.3.8 (lines), §4.1.1 (commands), §4.5.2 (transparency), RFC 2920 (pipelining). */
 SMTPE_EXTERN ssize_t smtpe_server_recv(smtpe_server *s, const uint8_t *buf, size_t len,
@@ -323,7 +325,11 @@ SMTPE_EXTERN int smtpe_server_send_ack(smtpe_server *s, size_t n);
 SMTPE_EXTERN unsigned smtpe_server_want(const smtpe_server *s);
 
 /* The monotonic time in ms at which smtpe_server_handle_expiry must be called, or UINT64_MAX
- * for never (no timer while a verdict is pending or the session is closing). */
+ * for never (no timer while an event or a verdict is pending, or once the session is closing:
+ * a host bounds how long it waits for a client to read the final reply). After a verdict it
+ * returns 0 ("now") until the next smtpe_server_recv that consumes octets or
+ * smtpe_server_handle_expiry call, which restarts the timeout from the time it is given, so time
+ * the host spent deciding never counts against the client. */
 SMTPE_EXTERN uint64_t smtpe_server_expiry(const smtpe_server *s);
 
 /* Tells the engine the time is now_ms. If a timeout has expired it queues 421 4.4.2, makes
