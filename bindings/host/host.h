@@ -1,0 +1,55 @@
+/*
+ * host.h - what every host model of smtpe-server shares: the options from the command line and
+ * the read-only context built from them (engine config, Maildir, canned reply texts).
+ *
+ * One host_ctx is built by main.c before the model starts; after that it is only read, so the
+ * models that run several threads may share it without locks.
+ */
+#ifndef SMTPE_HOST_H
+#define SMTPE_HOST_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include "smtpe.h"
+#include "maildir.h"
+
+#define HOST_NAME_MAX_LEN 255 /* RFC 5321 §4.5.3.1.2, and the engine's hostname limit */
+
+/* The command line, parsed (see cli.c for the meaning and defaults of each switch). */
+struct host_options {
+    const char *listen;        /* ADDR:PORT or [ADDR6]:PORT as given */
+    struct sockaddr_storage listen_addr;
+    socklen_t listen_addr_len;
+    const char *maildir;       /* Maildir root */
+    int sink;                  /* discard content, still answer 250 */
+    char hostname[HOST_NAME_MAX_LEN + 1];
+    uint64_t max_message_size; /* octets; 0 = no limit */
+    unsigned max_recipients;
+    unsigned max_clients;      /* concurrent sessions */
+    const char **domains;      /* accepted recipient domains; NULL/0: any */
+    size_t domain_count;
+    const char *model;         /* host model name ("epoll") */
+    smtpe_line_ending_policy line_ending;
+    uint64_t command_timeout_ms; /* valid when has_command_timeout */
+    int has_command_timeout;
+    uint64_t data_timeout_ms;    /* valid when has_data_timeout */
+    int has_data_timeout;
+    unsigned drain_seconds;    /* grace period for sessions at SIGTERM/SIGINT */
+};
+
+/* Read-only state shared by all connections of all models. */
+struct host_ctx {
+    struct host_options opt;
+    smtpe_server_config cfg;   /* engine config; cfg.hostname points into opt.hostname */
+    size_t session_mem;        /* smtpe_server_memory_size(&cfg) */
+    struct maildir maildir;    /* unused with --sink */
+    char busy_text[HOST_NAME_MAX_LEN + 64];     /* "<hostname> Too many connections" */
+    char shutdown_text[HOST_NAME_MAX_LEN + 64]; /* "<hostname> Service shutting down" */
+};
+
+/* The monotonic clock in milliseconds (CLOCK_MONOTONIC): the engine's time base. */
+uint64_t host_now_ms(void);
+
+#endif

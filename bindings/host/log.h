@@ -1,0 +1,20 @@
+/*
+ * log.h - the log of smtpe-server: one line per record on stderr, "smtpe[pid]: " then
+ * space-separated key=value pairs. Each line goes out in a single write(2), so lines of
+ * concurrent threads or processes never interleave. Message content is never logged.
+ */
+#ifndef SMTPE_HOST_LOG_H
+#define SMTPE_HOST_LOG_H
+
+#include <stddef.h>
+
+/* Formats one record (printf-style, without the prefix and newline) and writes it. Lines
+ * longer than 2 KiB are cut. */
+void host_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Copies src[0..len) into dst[0..cap) as a log token: printable ASCII other than space and '%' is
+ * kept and every other octet becomes %XX. Always NUL-terminates (cap > 0); truncates to
+ * fit. Returns dst. */
+char *host_log_token(char *dst, size_t cap, const void *src, size_t len);
+
+#endif

@@ -1,0 +1,43 @@
+/*
+ * signals.c - SIGPIPE ignored, SIGTERM/SIGINT counted (see signals.h).
+ */
+#include "signals.h"
+
+#include <string.h>
+
+static volatile sig_atomic_t stop_requests;
+
+static void on_stop(int sig)
+{
+    (void)sig;
+    if (stop_requests < 1000)
+        stop_requests++;
+}
+
+int host_signals_init(sigset_t *wait_mask)
+{
+    struct sigaction sa;
+    sigset_t block;
+
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = SIG_IGN;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGPIPE, &sa, NULL) < 0)
+        return -1;
+    sa.sa_handler = on_stop;
+    if (sigaction(SIGTERM, &sa, NULL) < 0 || sigaction(SIGINT, &sa, NULL) < 0)
+        return -1;
+    sigemptyset(&block);
+    sigaddset(&block, SIGTERM);
+    sigaddset(&block, SIGINT);
+    if (sigprocmask(SIG_BLOCK, &block, wait_mask) < 0)
+        return -1;
+    sigdelset(wait_mask, SIGTERM);
+    sigdelset(wait_mask, SIGINT);
+    return 0;
+}
+
+int host_stop_requests(void)
+{
+    return stop_requests;
+}

@@ -1,0 +1,19 @@
+/*
+ * signals.h - process signals of smtpe-server: SIGPIPE ignored (sends use MSG_NOSIGNAL as
+ * well), SIGTERM and SIGINT counted as stop requests. The stop signals stay blocked except while
+ * a model waits (epoll_pwait, ppoll, sigtimedwait), so a request never slips in between the
+ * check and the wait.
+ */
+#ifndef SMTPE_HOST_SIGNALS_H
+#define SMTPE_HOST_SIGNALS_H
+
+#include <signal.h>
+
+/* Installs the handlers and blocks SIGTERM/SIGINT; *wait_mask gets the mask to wait with.
+ * Call before any thread is started. Returns 0, or -1 with errno set. */
+int host_signals_init(sigset_t *wait_mask);
+
+/* How many stop requests (SIGTERM/SIGINT) have arrived. */
+int host_stop_requests(void);
+
+#endif
