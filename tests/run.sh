@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# The test command: installs what is missing (tests/deps.sh), then builds and runs every test in
+# three configurations, then the fuzzers briefly:
+#   build/        gcc,   warnings as errors
+#   build-clang/  clang, warnings as errors
+#   build-asan/   clang with AddressSanitizer + UndefinedBehaviorSanitizer
+#   fuzz/run.sh 20 (when fuzz/run.sh exists)
+# Stops at the first failure and exits non-zero. Usage: tests/run.sh
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT=$(pwd)
+JOBS=2
+SUMMARY=()
+TOTAL_PASSED=0
+TOTAL_FAILED=0
+START=$SECONDS
+
+summary() {
+    echo
+    echo "==================== tests/run.sh summary ===================="
+    local line
+    for line in "${SUMMARY[@]}"; do
+        echo "  $line"
+    done
+}
+
+# run_step NAME COMMAND...: runs one command; on failure prints the summary and exits.
+run_step() {
+    local name=$1
+    shift
+    local t0=$SECONDS
+    echo
+    echo "==> $name"
+    if "$@"; then
+        SUMMARY+=("PASS  $name ($((SECONDS - t0)) s)")
+    else
+        local rc=$?
+        SUMMARY+=("FAIL  $name (exit $rc)")
+        summary
+        echo "tests/run.sh: FAILED at: $name"
+        exit 1
+    fi
+}
+
+# configure DIR COMPILER [CMAKE ARGS...]: a fresh cache when the directory was configured with
+# another compiler, so that switching compilers never trips CMake.
+configure() {
+    local dir=$1 compiler=$2
+    shift 2
+    local want cached
+    want=$(readlink -f "$(command -v "$compiler")")
+    if [[ -f "$dir/CMakeCache.txt" ]]; then
+        cached=$(sed -n 's/^CMAKE_C_COMPILER:[A-Z]*=//p' "$dir/CMakeCache.txt")
+        if [[ -n "$cached" && "$(readlink -f "$cached" 2>/dev/null)" == "$want" ]]; then
+            cmake -S "$ROOT" -B "$dir" "$@"
+            return
+        fi
+        rm -rf "$dir/CMakeCache.txt" "$dir/CMakeFiles"
+    fi
+    cmake -S "$ROOT" -B "$dir" -DCMAKE_C_COMPILER="$compiler" "$@"
+}
+
+# run_ctest DIR: ctest with the output kept for the summary's counts.
+run_ctest() {
+    local dir=$1 log rc
+    log=$(mktemp)
+    set +e
+    ctest --test-dir "$dir" --output-on-failure --no-tests=error 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]}
+    set -e
+    local counts
+    counts=$(sed -n 's/.*tests passed, \([0-9]*\) tests\{0,1\} failed out of \([0-9]*\).*/\1 \2/p' \
+        "$log" | tail -n 1)
+    rm -f "$log"
+    if [[ -n "$counts" ]]; then
+        local failed=${counts% *} total=${counts#* }
+        TOTAL_PASSED=$((TOTAL_PASSED + total - failed))
+        TOTAL_FAILED=$((TOTAL_FAILED + failed))
+    fi
+    return "$rc"
+}
+
+run_step "dependencies (tests/deps.sh)" bash tests/deps.sh
+
+run_step "gcc: configure" configure build gcc -DSMTPE_WERROR=ON
+run_step "gcc: build" cmake --build build -j "$JOBS"
+run_step "gcc: ctest" run_ctest build
+
+run_step "clang: configure" configure build-clang clang -DSMTPE_WERROR=ON
+run_step "clang: build" cmake --build build-clang -j "$JOBS"
+run_step "clang: ctest" run_ctest build-clang
+
+export ASAN_OPTIONS=detect_leaks=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+run_step "clang ASan+UBSan: configure" configure build-asan clang -DSMTPE_WERROR=ON \
+    -DSMTPE_SANITIZE=ON
+run_step "clang ASan+UBSan: build" cmake --build build-asan -j "$JOBS"
+run_step "clang ASan+UBSan: ctest" run_ctest build-asan
+
+if [[ -f fuzz/run.sh ]]; then
+    run_step "fuzz: fuzz/run.sh 20" env CC=clang bash fuzz/run.sh 20
+else
+    SUMMARY+=("----  fuzz: no fuzz/run.sh")
+fi
+
+summary
+echo "  all steps passed in $((SECONDS - START)) s (ctest runs: gcc, clang, ASan+UBSan)"
+echo "total: $TOTAL_PASSED passed, $TOTAL_FAILED failed"
