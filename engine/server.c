@@ -908,10 +908,10 @@ unsigned smtpe_server_want(const smtpe_server *s)
         return 0;
     if (s->out_len > s->out_off)
         w |= SMTPE_WANT_WRITE;
-    if (s->closing)
-        return w | SMTPE_WANT_CLOSE;
     if (s->event_ready)
         w |= SMTPE_WANT_EVENT;
+    if (s->closing)
+        return w | SMTPE_WANT_CLOSE;
     if (s->verdict != SMTPE_EV_NONE)
         w |= SMTPE_WANT_VERDICT;
     else if (!s->event_ready && out_space(s) >= s->reserve)
