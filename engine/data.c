@@ -7,6 +7,8 @@
  * never starts a line, so no sequence but CR LF . CR LF can end the content. */
 #include "data.h"
 
+#include <string.h>
+
 enum {
     DS_BOL = 0, /* at the start of a line */
     DS_DOT,     /* "." at the start of a line, held back */
@@ -137,6 +139,51 @@ static int step(smtpe__data *d, uint8_t c, const uint8_t **cs, size_t *cn)
     return ACT_CONTENT;
 }
 
+#define ONES 0x0101010101010101ull
+#define HIGHS 0x8080808080808080ull
+
+/* 1 if any octet of v is zero (exact, no false positives). */
+static int has_zero_octet(uint64_t v)
+{
+    return ((v - ONES) & ~v & HIGHS) != 0;
+}
+
+/* The fast path: the length of the run at p[0..n) that is content whatever the policy, i.e.
+ * octets other than CR, LF and NUL, and CR LF pairs not followed by a dot. The caller has
+ * checked that p[0] does not start a held-back dot. Moves the state past the run. Eight octets
+ * at a time where it can. */
+static size_t content_run(smtpe__data *d, const uint8_t *p, size_t n)
+{
+    size_t j = 0;
+    uint64_t high = 0;
+    int bol = 0;
+    for (;;) {
+        size_t start = j;
+        while (n - j >= 8) {
+            uint64_t v;
+            memcpy(&v, p + j, 8);
+            if (has_zero_octet(v) || has_zero_octet(v ^ (ONES * '\r')) ||
+                has_zero_octet(v ^ (ONES * '\n')))
+                break;
+            high |= v;
+            j += 8;
+        }
+        while (j < n && p[j] != '\r' && p[j] != '\n' && p[j] != 0)
+            high |= p[j++];
+        if (j > start)
+            bol = 0;
+        if (n - j < 3 || p[j] != '\r' || p[j + 1] != '\n' || p[j + 2] == '.')
+            break;
+        j += 2; /* a line break whose next line does not start with a dot */
+        bol = 1;
+    }
+    if (j > 0)
+        d->state = bol ? DS_BOL : DS_MID;
+    if (high & HIGHS)
+        d->flags |= SMTPE_DATA_HAS_8BIT;
+    return j;
+}
+
 size_t smtpe__data_feed(smtpe__data *d, const uint8_t *p, size_t n, smtpe_span *chunk, int *end)
 {
     size_t i = 0, run = 0; /* p[i - run .. i) is content not yet handed out */
@@ -145,17 +192,8 @@ size_t smtpe__data_feed(smtpe__data *d, const uint8_t *p, size_t n, smtpe_span *
     chunk->len = 0;
     while (i < n) {
         size_t j = i, ok;
-        if (d->state == DS_MID || (d->state == DS_BOL && p[i] != '.')) {
-            /* Fast path: a run of octets that are content whatever the policy. */
-            unsigned high = 0;
-            while (j < n && p[j] != '\r' && p[j] != '\n' && p[j] != 0)
-                high |= p[j++];
-            if (j > i) {
-                d->state = DS_MID;
-                if (high & 0x80)
-                    d->flags |= SMTPE_DATA_HAS_8BIT;
-            }
-        }
+        if (d->state == DS_MID || (d->state == DS_BOL && p[i] != '.'))
+            j = i + content_run(d, p + i, n - i);
         if (j == i) {
             int saved = d->state;
             const uint8_t *cs = NULL;
