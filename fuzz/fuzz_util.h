@@ -1,0 +1,200 @@
+/*
+ * fuzz_util.h - small helpers shared by the libFuzzer targets in fuzz/: an oracle check that
+ * aborts with a message, a growable byte buffer, span checks, and the reference computations
+ * the oracles compare the engine against (dot-stuffing, end-of-data search).
+ *
+ * Everything is static inline so that each target is one translation unit plus the engine.
+ */
+#ifndef SMTPE_FUZZ_UTIL_H
+#define SMTPE_FUZZ_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "smtpe.h"
+
+/* Aborts (so libFuzzer keeps the input as a crash) when an oracle does not hold. */
+#define FUZZ_CHECK(cond, msg)                                                                   \
+    do {                                                                                        \
+        if (!(cond)) {                                                                          \
+            fprintf(stderr, "\n*** oracle violated at %s:%d: %s\n    condition: %s\n",        \
+                    __FILE__, __LINE__, (msg), #cond);                                          \
+            abort();                                                                            \
+        }                                                                                       \
+    } while (0)
+
+/* A growable byte buffer. */
+typedef struct fz_buf {
+    uint8_t *p;
+    size_t len;
+    size_t cap;
+} fz_buf;
+
+static inline void fz_put(fz_buf *b, const void *p, size_t n)
+{
+    if (n == 0)
+        return;
+    if (b->len + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n)
+            cap *= 2;
+        uint8_t *q = realloc(b->p, cap);
+        if (!q)
+            abort();
+        b->p = q;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, p, n);
+    b->len += n;
+}
+
+static inline void fz_put_u8(fz_buf *b, unsigned v)
+{
+    uint8_t c = (uint8_t)v;
+    fz_put(b, &c, 1);
+}
+
+static inline void fz_put_u64(fz_buf *b, uint64_t v)
+{
+    uint8_t x[8];
+    for (int i = 0; i < 8; i++)
+        x[i] = (uint8_t)(v >> (8 * i));
+    fz_put(b, x, 8);
+}
+
+/* A span as length + octets, so that two logs compare equal only if the spans do. */
+static inline void fz_put_span(fz_buf *b, smtpe_span s)
+{
+    fz_put_u64(b, s.len);
+    if (s.len)
+        fz_put(b, s.ptr, s.len);
+}
+
+static inline void fz_free(fz_buf *b)
+{
+    free(b->p);
+    b->p = NULL;
+    b->len = b->cap = 0;
+}
+
+/* 1 if a[0..an) and b[0..bn) hold the same octets (either may be NULL when empty). */
+static inline int fz_eq(const void *a, size_t an, const void *b, size_t bn)
+{
+    return an == bn && (an == 0 || memcmp(a, b, an) == 0);
+}
+
+/* 1 if the span lies within base[0..n) (an empty span is always accepted). */
+static inline int fz_within(smtpe_span s, const void *base, size_t n)
+{
+    if (s.len == 0)
+        return 1;
+    uintptr_t a = (uintptr_t)s.ptr, lo = (uintptr_t)base;
+    return s.ptr != NULL && a >= lo && a - lo <= n && s.len <= n - (a - lo);
+}
+
+/* Dot-unstuffing (RFC 5321 §4.5.2) as the reference: the first '.' of every line is deleted
+ * (a line that is just "." ends the data and must not be passed), where only CRLF ends a line
+ * and the content starts at the start of a line. */
+static inline void fz_unstuff(fz_buf *out, const uint8_t *p, size_t n)
+{
+    int bol = 1;
+    for (size_t i = 0; i < n; i++) {
+        if (!(bol && p[i] == '.'))
+            fz_put_u8(out, p[i]);
+        bol = (p[i] == '\n' && i > 0 && p[i - 1] == '\r');
+    }
+}
+
+/* The end of data: the offset just past the first CR LF . CR LF in p[0..n), where p is
+ * preceded by the CRLF that ended the DATA line (so ".\r\n" at p[0] ends it too). Returns the
+ * offset in p, or -1 if p holds no end of data. */
+static inline long fz_end_of_data(const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i + 3 <= n; i++) {
+        if (p[i] != '.' || p[i + 1] != '\r' || p[i + 2] != '\n')
+            continue;
+        if (i == 0 || (i >= 2 && p[i - 2] == '\r' && p[i - 1] == '\n'))
+            return (long)(i + 3);
+    }
+    return -1;
+}
+
+/* 1 if a chunk that is not in the fed octets is what the engine may hand out from static
+ * memory: a line break it made (CRLF, or the CR or LF of one) under NORMALISE, or a held-back CR
+ * under KEEP. */
+static inline int fz_static_break(smtpe_span s)
+{
+    if (s.len == 0 || s.len > 2)
+        return 0;
+    if (s.len == 2)
+        return s.ptr[0] == '\r' && s.ptr[1] == '\n';
+    return s.ptr[0] == '\r' || s.ptr[0] == '\n';
+}
+
+/* 1 if p[0..n) holds an octet above 127. */
+static inline int fz_has_8bit(const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i] & 0x80)
+            return 1;
+    return 0;
+}
+
+/* ASCII case-insensitive equality of a span and a NUL-terminated string. */
+static inline int fz_span_eq_ci(smtpe_span s, const char *z)
+{
+    size_t n = strlen(z);
+    if (s.len != n)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned a = s.ptr[i], b = (unsigned char)z[i];
+        if (a >= 'a' && a <= 'z')
+            a -= 32;
+        if (b >= 'a' && b <= 'z')
+            b -= 32;
+        if (a != b)
+            return 0;
+    }
+    return 1;
+}
+
+/* Checks the shape of a path the engine returned (smtpe__parse_path or a MAIL/RCPT event):
+ * every span inside base[0..n); for a mailbox that is neither <> nor <postmaster>, mailbox is
+ * exactly local-part "@" domain, both non-empty and within the RFC 5321 §4.5.3.1 limits. */
+static inline void fz_check_path(const smtpe_path *pa, const void *base, size_t n)
+{
+    FUZZ_CHECK(fz_within(pa->mailbox, base, n), "path: mailbox span outside its buffer");
+    FUZZ_CHECK(fz_within(pa->local_part, base, n), "path: local-part span outside its buffer");
+    FUZZ_CHECK(fz_within(pa->domain, base, n), "path: domain span outside its buffer");
+    if (pa->flags & SMTPE_PATH_NULL) {
+        FUZZ_CHECK(pa->mailbox.len == 0 && pa->local_part.len == 0 && pa->domain.len == 0,
+                   "path: <> with a non-empty span");
+        FUZZ_CHECK(!(pa->flags & SMTPE_PATH_POSTMASTER), "path: both <> and <postmaster>");
+        return;
+    }
+    if (pa->flags & SMTPE_PATH_POSTMASTER) {
+        FUZZ_CHECK(pa->domain.len == 0, "path: <postmaster> with a domain");
+        FUZZ_CHECK(fz_span_eq_ci(pa->local_part, "postmaster"),
+                   "path: <postmaster> local-part is not postmaster");
+        return;
+    }
+    const smtpe_span m = pa->mailbox, l = pa->local_part, d = pa->domain;
+    FUZZ_CHECK(l.len >= 1 && d.len >= 1, "path: empty local-part or domain");
+    FUZZ_CHECK(l.len <= 64, "path: local-part longer than 64 octets");
+    FUZZ_CHECK(d.len <= 255, "path: domain longer than 255 octets");
+    FUZZ_CHECK(m.ptr == l.ptr, "path: mailbox does not start with the local-part");
+    FUZZ_CHECK(m.len == l.len + 1 + d.len, "path: mailbox is not local-part @ domain");
+    FUZZ_CHECK(l.ptr[l.len] == '@', "path: no '@' between local-part and domain");
+    FUZZ_CHECK(d.ptr == l.ptr + l.len + 1, "path: domain does not follow the '@'");
+    FUZZ_CHECK(!!(pa->flags & SMTPE_PATH_QUOTED) == (l.ptr[0] == '"'),
+               "path: QUOTED flag does not match the local-part");
+    FUZZ_CHECK(!!(pa->flags & SMTPE_PATH_ADDR_LITERAL) == (d.ptr[0] == '['),
+               "path: ADDR_LITERAL flag does not match the domain");
+    if (fz_has_8bit(m.ptr, m.len))
+        FUZZ_CHECK(pa->flags & SMTPE_PATH_UTF8, "path: non-ASCII mailbox without the UTF8 flag");
+}
+
+#endif
