@@ -14,7 +14,8 @@ enum {
     DS_DOT,     /* "." at the start of a line, held back */
     DS_DOTCR,   /* "." CR at the start of a line, held back */
     DS_MID,     /* inside a line */
-    DS_CR       /* inside a line, after a CR (already handed out) */
+    DS_CR,      /* inside a line, after a CR (already handed out) */
+    DS_CR_HELD  /* inside a line, after a CR held back (REFUSE: it may be a bare CR) */
 };
 
 static const uint8_t crlf[2] = {'\r', '\n'};
@@ -111,13 +112,25 @@ static int step(smtpe__data *d, uint8_t c, const uint8_t **cs, size_t *cn)
         if (!keep)
             refuse(d);
         break;
+    case DS_CR_HELD:
+        d->state = DS_MID;
+        if (c == '\n') {
+            d->state = DS_BOL;
+            *cs = crlf;
+            *cn = 2;
+            return ACT_CONST_CONSUME;
+        }
+        refuse(d); /* the held CR was bare: it is never handed out */
+        return ACT_AGAIN;
     default:
         break;
     }
     /* inside a line */
     if (c == '\r') {
-        d->state = DS_CR;
-        return ACT_CONTENT;
+        /* Under REFUSE a CR is handed out only once its LF is seen, so that refused content
+         * never includes the offending octet. */
+        d->state = keep || norm ? DS_CR : DS_CR_HELD;
+        return keep || norm ? ACT_CONTENT : ACT_SKIP;
     }
     d->state = DS_MID;
     if (c == '\n' || c == 0) {

@@ -1,0 +1,1250 @@
+/* harness.c - helpers shared by the smtpe tests. See harness.h. */
+#include "harness.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- growable buffers -------------------------------------------------------------------- */
+
+static void *xrealloc(void *p, size_t n)
+{
+    void *q = realloc(p, n ? n : 1);
+    if (!q) {
+        fprintf(stderr, "harness: out of memory\n");
+        abort();
+    }
+    return q;
+}
+
+static void buf_reserve(hs_buf *b, size_t extra)
+{
+    if (b->len + extra + 1 <= b->cap)
+        return;
+    size_t cap = b->cap ? b->cap : 64;
+    while (cap < b->len + extra + 1)
+        cap *= 2;
+    b->p = xrealloc(b->p, cap);
+    b->cap = cap;
+}
+
+void hs_buf_add(hs_buf *b, const void *p, size_t n)
+{
+    buf_reserve(b, n);
+    if (n)
+        memcpy(b->p + b->len, p, n);
+    b->len += n;
+}
+
+void hs_buf_adds(hs_buf *b, const char *s) { hs_buf_add(b, s, strlen(s)); }
+
+void hs_buf_addf(hs_buf *b, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (k < 0)
+        return;
+    buf_reserve(b, (size_t)k + 1);
+    va_start(ap, fmt);
+    vsnprintf((char *)b->p + b->len, (size_t)k + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)k;
+}
+
+void hs_buf_reset(hs_buf *b) { b->len = 0; }
+
+void hs_buf_free(hs_buf *b)
+{
+    free(b->p);
+    b->p = NULL;
+    b->len = b->cap = 0;
+}
+
+const char *hs_buf_cstr(hs_buf *b)
+{
+    buf_reserve(b, 0);
+    b->p[b->len] = 0;
+    return (const char *)b->p;
+}
+
+/* ---- escapes ----------------------------------------------------------------------------- */
+
+void hs_escape(hs_buf *out, const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint8_t c = p[i];
+        switch (c) {
+        case '\r': hs_buf_adds(out, "\\r"); break;
+        case '\n': hs_buf_adds(out, "\\n"); break;
+        case '\t': hs_buf_adds(out, "\\t"); break;
+        case '\\': hs_buf_adds(out, "\\\\"); break;
+        case '"': hs_buf_adds(out, "\\\""); break;
+        default:
+            if (c < 0x20 || c > 0x7e)
+                hs_buf_addf(out, "\\x%02x", c);
+            else
+                hs_buf_add(out, &c, 1);
+        }
+    }
+}
+
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+int hs_unescape(hs_buf *out, const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint8_t c = (uint8_t)s[i];
+        if (c != '\\') {
+            hs_buf_add(out, &c, 1);
+            continue;
+        }
+        if (++i >= n)
+            return -1;
+        switch (s[i]) {
+        case 'r': c = '\r'; break;
+        case 'n': c = '\n'; break;
+        case 't': c = '\t'; break;
+        case '0': c = 0; break;
+        case '\\': c = '\\'; break;
+        case '"': c = '"'; break;
+        case '\'': c = '\''; break;
+        case '*': c = '*'; break;
+        case 'x': {
+            if (i + 2 >= n)
+                return -1;
+            int h = hexval(s[i + 1]), l = hexval(s[i + 2]);
+            if (h < 0 || l < 0)
+                return -1;
+            c = (uint8_t)(h * 16 + l);
+            i += 2;
+            break;
+        }
+        default:
+            return -1;
+        }
+        hs_buf_add(out, &c, 1);
+    }
+    return 0;
+}
+
+/* ---- counting allocator ------------------------------------------------------------------ */
+
+static void *count_alloc(size_t size, void *ud)
+{
+    hs_alloc *a = ud;
+    a->attempts++;
+    if (a->fail_from && a->attempts >= a->fail_from)
+        return NULL;
+    void *p = malloc(size ? size : 1);
+    if (!p)
+        return NULL;
+    /* Fill with garbage so that a session relying on zeroed memory shows up. */
+    memset(p, 0xa5, size);
+    a->allocs++;
+    a->bytes = size;
+    a->last = p;
+    return p;
+}
+
+static void count_free(void *p, void *ud)
+{
+    hs_alloc *a = ud;
+    a->frees++;
+    a->last_freed = p;
+    free(p);
+}
+
+void hs_alloc_init(hs_alloc *a) { memset(a, 0, sizeof *a); }
+
+smtpe_allocator hs_alloc_hook(hs_alloc *a)
+{
+    smtpe_allocator h = {count_alloc, count_free, a};
+    return h;
+}
+
+/* ---- event log --------------------------------------------------------------------------- */
+
+void hs_log_add(hs_log *log, const uint8_t *p, size_t n)
+{
+    if (log->n == log->cap) {
+        log->cap = log->cap ? log->cap * 2 : 16;
+        log->items = xrealloc(log->items, log->cap * sizeof *log->items);
+    }
+    hs_buf *b = &log->items[log->n++];
+    memset(b, 0, sizeof *b);
+    hs_buf_add(b, p, n);
+}
+
+void hs_log_free(hs_log *log)
+{
+    for (size_t i = 0; i < log->n; i++)
+        hs_buf_free(&log->items[i]);
+    free(log->items);
+    memset(log, 0, sizeof *log);
+}
+
+int hs_log_equal(const hs_log *a, const hs_log *b)
+{
+    if (a->n != b->n)
+        return 0;
+    for (size_t i = 0; i < a->n; i++) {
+        if (a->items[i].len != b->items[i].len)
+            return 0;
+        if (a->items[i].len && memcmp(a->items[i].p, b->items[i].p, a->items[i].len) != 0)
+            return 0;
+    }
+    return 1;
+}
+
+static void add_span(hs_buf *out, smtpe_span sp)
+{
+    if (sp.len)
+        hs_buf_add(out, sp.ptr, sp.len);
+}
+
+static int span_eq3(smtpe_span whole, smtpe_span a, const char *mid, smtpe_span b)
+{
+    size_t m = strlen(mid);
+    if (whole.len != a.len + m + b.len)
+        return 0;
+    if (a.len && memcmp(whole.ptr, a.ptr, a.len) != 0)
+        return 0;
+    if (memcmp(whole.ptr + a.len, mid, m) != 0)
+        return 0;
+    if (b.len && memcmp(whole.ptr + a.len + m, b.ptr, b.len) != 0)
+        return 0;
+    return 1;
+}
+
+static int format_path(hs_buf *out, const smtpe_path *p, hs_buf *err)
+{
+    static const struct {
+        unsigned flag;
+        const char *name;
+    } names[] = {{SMTPE_PATH_NULL, "null"},       {SMTPE_PATH_POSTMASTER, "postmaster"},
+                 {SMTPE_PATH_QUOTED, "quoted"},   {SMTPE_PATH_ADDR_LITERAL, "literal"},
+                 {SMTPE_PATH_SOURCE_ROUTE, "route"}, {SMTPE_PATH_UTF8, "utf8"}};
+    hs_buf_adds(out, "<");
+    if (p->flags & SMTPE_PATH_NULL) {
+        if (p->mailbox.len || p->local_part.len || p->domain.len) {
+            hs_buf_adds(err, "null path with non-empty spans");
+            return -1;
+        }
+    } else if (p->domain.len == 0) {
+        /* only <postmaster> has no domain */
+        add_span(out, p->local_part);
+    } else {
+        if (!span_eq3(p->mailbox, p->local_part, "@", p->domain)) {
+            hs_buf_adds(err, "path mailbox span is not local-part \"@\" domain: mailbox \"");
+            hs_escape(err, p->mailbox.ptr, p->mailbox.len);
+            hs_buf_adds(err, "\"");
+            return -1;
+        }
+        add_span(out, p->mailbox);
+    }
+    hs_buf_adds(out, ">");
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (p->flags & names[i].flag) {
+            hs_buf_adds(out, " ");
+            hs_buf_adds(out, names[i].name);
+        }
+    unsigned known = 0;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        known |= names[i].flag;
+    if (p->flags & ~known)
+        hs_buf_addf(out, " flags=0x%x", p->flags & ~known);
+    return 0;
+}
+
+static void format_params(hs_buf *out, const smtpe_param *params, size_t n)
+{
+    if (n == 0)
+        return;
+    hs_buf_adds(out, " [");
+    for (size_t i = 0; i < n && i < SMTPE_MAX_PARAMS; i++) {
+        if (i)
+            hs_buf_adds(out, " ");
+        add_span(out, params[i].keyword);
+        if (params[i].value.len) {
+            hs_buf_adds(out, "=");
+            add_span(out, params[i].value);
+        }
+    }
+    hs_buf_adds(out, "]");
+}
+
+static void format_quoted(hs_buf *out, smtpe_span sp)
+{
+    hs_buf_adds(out, "\"");
+    add_span(out, sp);
+    hs_buf_adds(out, "\"");
+}
+
+int hs_format_event(hs_buf *out, const smtpe_event *ev, hs_buf *err)
+{
+    switch (ev->type) {
+    case SMTPE_EV_HELO:
+        hs_buf_adds(out, ev->helo.esmtp ? "EHLO " : "HELO ");
+        add_span(out, ev->helo.domain);
+        return 0;
+    case SMTPE_EV_MAIL:
+        hs_buf_adds(out, "MAIL ");
+        if (format_path(out, &ev->mail.reverse_path, err) < 0)
+            return -1;
+        if (ev->mail.has_size)
+            hs_buf_addf(out, " size=%llu", (unsigned long long)ev->mail.size);
+        if (ev->mail.body == SMTPE_BODY_7BIT)
+            hs_buf_adds(out, " body=7BIT");
+        else if (ev->mail.body == SMTPE_BODY_8BITMIME)
+            hs_buf_adds(out, " body=8BITMIME");
+        else if (ev->mail.body != SMTPE_BODY_UNSPECIFIED)
+            hs_buf_addf(out, " body=%d", (int)ev->mail.body);
+        if (ev->mail.smtputf8)
+            hs_buf_adds(out, " smtputf8");
+        if (ev->mail.param_count > SMTPE_MAX_PARAMS) {
+            hs_buf_addf(err, "MAIL param_count %zu", ev->mail.param_count);
+            return -1;
+        }
+        format_params(out, ev->mail.params, ev->mail.param_count);
+        return 0;
+    case SMTPE_EV_RCPT:
+        hs_buf_adds(out, "RCPT ");
+        if (format_path(out, &ev->rcpt.forward_path, err) < 0)
+            return -1;
+        if (ev->rcpt.param_count > SMTPE_MAX_PARAMS) {
+            hs_buf_addf(err, "RCPT param_count %zu", ev->rcpt.param_count);
+            return -1;
+        }
+        format_params(out, ev->rcpt.params, ev->rcpt.param_count);
+        return 0;
+    case SMTPE_EV_DATA: hs_buf_adds(out, "DATA"); return 0;
+    case SMTPE_EV_DATA_END:
+        hs_buf_adds(out, "DATA_END ");
+        switch (ev->data_end.status) {
+        case SMTPE_DATA_OK: hs_buf_adds(out, "ok"); break;
+        case SMTPE_DATA_TOO_BIG: hs_buf_adds(out, "too_big"); break;
+        case SMTPE_DATA_BAD_LINE_ENDING: hs_buf_adds(out, "bad_line_ending"); break;
+        default: hs_buf_addf(out, "status=%d", ev->data_end.status);
+        }
+        hs_buf_addf(out, " size=%llu", (unsigned long long)ev->data_end.size);
+        if (ev->data_end.flags & SMTPE_DATA_NORMALISED)
+            hs_buf_adds(out, " normalised");
+        if (ev->data_end.flags & SMTPE_DATA_HAS_8BIT)
+            hs_buf_adds(out, " 8bit");
+        if (ev->data_end.flags & ~(SMTPE_DATA_NORMALISED | SMTPE_DATA_HAS_8BIT))
+            hs_buf_addf(out, " flags=0x%x",
+                        ev->data_end.flags & ~(SMTPE_DATA_NORMALISED | SMTPE_DATA_HAS_8BIT));
+        return 0;
+    case SMTPE_EV_RSET: hs_buf_adds(out, "RSET"); return 0;
+    case SMTPE_EV_QUIT: hs_buf_adds(out, "QUIT"); return 0;
+    case SMTPE_EV_TIMEOUT: hs_buf_adds(out, "TIMEOUT"); return 0;
+    case SMTPE_EV_ERROR_LIMIT: hs_buf_adds(out, "ERROR_LIMIT"); return 0;
+    case SMTPE_EV_VRFY:
+    case SMTPE_EV_EXPN:
+        hs_buf_adds(out, ev->type == SMTPE_EV_VRFY ? "VRFY " : "EXPN ");
+        format_quoted(out, ev->command.argument);
+        return 0;
+    case SMTPE_EV_UNKNOWN:
+        hs_buf_adds(out, "UNKNOWN ");
+        format_quoted(out, ev->command.verb);
+        hs_buf_adds(out, " ");
+        format_quoted(out, ev->command.argument);
+        return 0;
+    default:
+        hs_buf_addf(err, "event of unknown type %d", (int)ev->type);
+        return -1;
+    }
+}
+
+/* ---- splitting --------------------------------------------------------------------------- */
+
+uint64_t hs_hash(const char *s)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++) {
+        h ^= (uint8_t)*s;
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+void hs_splitter_init(hs_splitter *sp, int mode, uint64_t seed)
+{
+    sp->mode = mode;
+    sp->state = seed ? seed : 0x9e3779b97f4a7c15ull;
+}
+
+static uint64_t rng_next(uint64_t *s)
+{
+    /* xorshift64* */
+    uint64_t x = *s;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    *s = x;
+    return x * 2685821657736338717ull;
+}
+
+size_t hs_splitter_next(hs_splitter *sp, size_t remaining)
+{
+    if (sp->mode == HS_WHOLE || remaining <= 1)
+        return remaining;
+    if (sp->mode == HS_BYTEWISE)
+        return 1;
+    uint64_t r = rng_next(&sp->state);
+    size_t k;
+    switch (r % 10) {
+    case 0: case 1: case 2: case 3: case 4: k = 1 + (size_t)((r >> 8) % 8); break;
+    case 5: case 6: case 7: k = 1 + (size_t)((r >> 8) % 80); break;
+    case 8: k = 1 + (size_t)((r >> 8) % 2000); break;
+    default: k = remaining; break;
+    }
+    return k < remaining ? k : remaining;
+}
+
+const char *hs_mode_name(int mode)
+{
+    switch (mode) {
+    case HS_WHOLE: return "whole";
+    case HS_BYTEWISE: return "bytewise";
+    default: return "random";
+    }
+}
+
+/* ---- session driver ---------------------------------------------------------------------- */
+
+void hs_sess_fail(hs_sess *s, const char *fmt, ...)
+{
+    if (s->failed)
+        return;
+    s->failed = 1;
+    va_list ap;
+    va_start(ap, fmt);
+    char tmp[2048];
+    vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    hs_buf_adds(&s->err, tmp);
+}
+
+int hs_sess_open(hs_sess *s, const smtpe_server_config *cfg, uint64_t now)
+{
+    memset(s, 0, sizeof *s);
+    s->cfg = cfg;
+    hs_alloc_init(&s->alloc);
+    s->hook = hs_alloc_hook(&s->alloc);
+    s->now = now;
+    return smtpe_server_new(&s->srv, cfg, &s->hook, now);
+}
+
+int hs_sess_close(hs_sess *s)
+{
+    int rc = 0;
+    if (s->srv) {
+        smtpe_server_free(s->srv);
+        if (s->alloc.frees != 1 || s->alloc.last_freed != s->alloc.last)
+            rc = -1;
+    }
+    s->srv = NULL;
+    hs_buf_free(&s->out);
+    hs_buf_free(&s->content);
+    hs_log_free(&s->log);
+    hs_buf_free(&s->err);
+    return rc;
+}
+
+void hs_sess_flush_content(hs_sess *s)
+{
+    if (!s->in_content)
+        return;
+    hs_buf line = {0};
+    hs_buf_adds(&line, "CONTENT \"");
+    hs_buf_add(&line, s->content.p, s->content.len);
+    hs_buf_adds(&line, "\"");
+    hs_log_add(&s->log, line.p, line.len);
+    hs_buf_free(&line);
+    hs_buf_reset(&s->content);
+    s->in_content = 0;
+}
+
+static void handle_event(hs_sess *s, const smtpe_event *ev)
+{
+    if (ev->type == SMTPE_EV_DATA_CHUNK) {
+        if (ev->chunk.len && !ev->chunk.ptr)
+            hs_sess_fail(s, "DATA_CHUNK with NULL pointer and length %zu", ev->chunk.len);
+        else
+            hs_buf_add(&s->content, ev->chunk.ptr, ev->chunk.len);
+        s->in_content = 1;
+        return;
+    }
+    if (ev->type == SMTPE_EV_DATA_END)
+        s->in_content = 1; /* every message gets a CONTENT entry, even an empty one */
+    hs_sess_flush_content(s);
+    hs_buf line = {0}, err = {0};
+    if (hs_format_event(&line, ev, &err) < 0)
+        hs_sess_fail(s, "bad event: %s", hs_buf_cstr(&err));
+    hs_log_add(&s->log, line.p, line.len);
+    hs_buf_free(&line);
+    hs_buf_free(&err);
+    if (smtpe_event_needs_reply(ev)) {
+        if (s->verdict) {
+            if (s->verdict(s, ev, s->verdict_ud) < 0)
+                hs_sess_fail(s, "verdict failed");
+        } else {
+            int rc = smtpe_server_accept(s->srv);
+            if (rc != 0)
+                hs_sess_fail(s, "smtpe_server_accept returned %d (%s)", rc, smtpe_strerror(rc));
+        }
+    }
+}
+
+size_t hs_sess_drain(hs_sess *s)
+{
+    size_t happened = 0;
+    for (int guard = 0; guard < 1000000; guard++) {
+        smtpe_event ev;
+        memset(&ev, 0, sizeof ev);
+        int got = smtpe_server_next_event(s->srv, &ev);
+        if (got == 1) {
+            happened++;
+            handle_event(s, &ev);
+            continue;
+        }
+        if (got != 0) {
+            hs_sess_fail(s, "smtpe_server_next_event returned %d", got);
+            break;
+        }
+        size_t len = 0;
+        const uint8_t *p = smtpe_server_send_buf(s->srv, &len);
+        if (len == 0) {
+            /* A well-behaved host calls handle_expiry whenever expiry() says it is due (after
+             * a verdict the engine asks for the time this way to restart its timer). */
+            if (smtpe_server_expiry(s->srv) <= s->now) {
+                int rc = smtpe_server_handle_expiry(s->srv, s->now);
+                if (rc < 0 || rc > 1) {
+                    hs_sess_fail(s, "smtpe_server_handle_expiry returned %d", rc);
+                    break;
+                }
+                if (smtpe_server_expiry(s->srv) <= s->now && rc == 0) {
+                    hs_sess_fail(s, "smtpe_server_expiry stays due after handle_expiry(%llu)",
+                                 (unsigned long long)s->now);
+                    break;
+                }
+                if (rc == 1) {
+                    happened++;
+                    continue;
+                }
+            }
+            break;
+        }
+        if (!p) {
+            hs_sess_fail(s, "smtpe_server_send_buf gave NULL with length %zu", len);
+            break;
+        }
+        if (len > s->cfg->reply_buffer_size)
+            hs_sess_fail(s, "smtpe_server_send_buf gave %zu octets, more than reply_buffer_size",
+                         len);
+        hs_buf_add(&s->out, p, len);
+        int rc = smtpe_server_send_ack(s->srv, len);
+        if (rc != 0) {
+            hs_sess_fail(s, "smtpe_server_send_ack returned %d", rc);
+            break;
+        }
+        happened += len;
+    }
+    return happened;
+}
+
+size_t hs_sess_feed(hs_sess *s, const uint8_t *p, size_t n, hs_splitter *sp)
+{
+    size_t off = 0;
+    hs_sess_drain(s);
+    while (off < n && !s->failed) {
+        size_t k = hs_splitter_next(sp, n - off);
+        ssize_t r = smtpe_server_recv(s->srv, p + off, k, s->now);
+        if (r < 0) {
+            hs_sess_fail(s, "smtpe_server_recv returned %zd (%s)", r, smtpe_strerror((int)r));
+            break;
+        }
+        if ((size_t)r > k) {
+            hs_sess_fail(s, "smtpe_server_recv consumed %zd of %zu octets", r, k);
+            break;
+        }
+        off += (size_t)r;
+        size_t happened = hs_sess_drain(s);
+        if (r == 0 && happened == 0) {
+            if (smtpe_server_want(s->srv) & SMTPE_WANT_CLOSE)
+                break; /* the session is over; the rest of the input is never read */
+            hs_sess_fail(s,
+                         "smtpe_server_recv consumed nothing of %zu octets although no event, "
+                         "verdict or output was pending (want=0x%x)",
+                         k, smtpe_server_want(s->srv));
+            break;
+        }
+        if (s->alloc.allocs != 1) {
+            hs_sess_fail(s, "the engine allocated after session creation (%zu allocations)",
+                         s->alloc.allocs);
+            break;
+        }
+    }
+    return off;
+}
+
+/* ---- transcripts ------------------------------------------------------------------------- */
+
+static char *xstrdup(const char *s)
+{
+    size_t n = strlen(s);
+    char *d = xrealloc(NULL, n + 1);
+    memcpy(d, s, n + 1);
+    return d;
+}
+
+static int parse_u64(const char *s, uint64_t *v)
+{
+    if (!*s)
+        return -1;
+    uint64_t x = 0;
+    for (; *s; s++) {
+        if (*s < '0' || *s > '9')
+            return -1;
+        if (x > (UINT64_MAX - 9) / 10)
+            return -1;
+        x = x * 10 + (uint64_t)(*s - '0');
+    }
+    *v = x;
+    return 0;
+}
+
+static const struct {
+    const char *name;
+    unsigned bit;
+} ext_names[] = {{"PIPELINING", SMTPE_EXT_PIPELINING},
+                 {"SIZE", SMTPE_EXT_SIZE},
+                 {"8BITMIME", SMTPE_EXT_8BITMIME},
+                 {"SMTPUTF8", SMTPE_EXT_SMTPUTF8},
+                 {"ENHANCEDSTATUSCODES", SMTPE_EXT_ENHANCEDSTATUSCODES}};
+
+static int parse_extensions(const char *v, unsigned *ext)
+{
+    char *copy = xstrdup(v), *save = NULL;
+    int rc = 0;
+    for (char *t = strtok_r(copy, " \t", &save); t; t = strtok_r(NULL, " \t", &save)) {
+        if (strcmp(t, "none") == 0) {
+            *ext = 0;
+            continue;
+        }
+        if (strcmp(t, "default") == 0) {
+            *ext = SMTPE_EXT_DEFAULT;
+            continue;
+        }
+        int add = 1;
+        if (*t == '-' || *t == '+') {
+            add = *t == '+';
+            t++;
+        }
+        unsigned bit = 0;
+        for (size_t i = 0; i < sizeof ext_names / sizeof ext_names[0]; i++)
+            if (strcmp(t, ext_names[i].name) == 0)
+                bit = ext_names[i].bit;
+        if (!bit) {
+            rc = -1;
+            break;
+        }
+        if (add)
+            *ext |= bit;
+        else
+            *ext &= ~bit;
+    }
+    free(copy);
+    return rc;
+}
+
+static int apply_config(hs_script *sc, const char *key, const char *val, hs_buf *err)
+{
+    uint64_t v = 0;
+    smtpe_server_config *c = &sc->cfg;
+    if (strcmp(key, "hostname") == 0) {
+        free(sc->hostname);
+        sc->hostname = xstrdup(val);
+        c->hostname = sc->hostname;
+        return 0;
+    }
+    if (strcmp(key, "greeting_text") == 0) {
+        free(sc->greeting_text);
+        sc->greeting_text = xstrdup(val);
+        c->greeting_text = sc->greeting_text;
+        return 0;
+    }
+    if (strcmp(key, "ehlo_extra") == 0) {
+        sc->extra = xrealloc(sc->extra, (sc->extra_n + 1) * sizeof *sc->extra);
+        sc->extra[sc->extra_n++] = xstrdup(val);
+        return 0;
+    }
+    if (strcmp(key, "extensions") == 0) {
+        if (parse_extensions(val, &c->extensions) < 0) {
+            hs_buf_addf(err, "bad @extensions value \"%s\"", val);
+            return -1;
+        }
+        return 0;
+    }
+    if (strcmp(key, "line_ending") == 0) {
+        if (strcmp(val, "refuse") == 0)
+            c->line_ending = SMTPE_LINE_ENDING_REFUSE;
+        else if (strcmp(val, "normalise") == 0 || strcmp(val, "normalize") == 0)
+            c->line_ending = SMTPE_LINE_ENDING_NORMALISE;
+        else if (strcmp(val, "keep") == 0)
+            c->line_ending = SMTPE_LINE_ENDING_KEEP;
+        else {
+            hs_buf_addf(err, "bad @line_ending value \"%s\"", val);
+            return -1;
+        }
+        return 0;
+    }
+    if (parse_u64(val, &v) < 0) {
+        hs_buf_addf(err, "@%s needs a decimal number, got \"%s\"", key, val);
+        return -1;
+    }
+    if (strcmp(key, "max_message_size") == 0)
+        c->max_message_size = v;
+    else if (strcmp(key, "max_line_length") == 0)
+        c->max_line_length = (size_t)v;
+    else if (strcmp(key, "max_recipients") == 0)
+        c->max_recipients = (unsigned)v;
+    else if (strcmp(key, "max_errors") == 0)
+        c->max_errors = (unsigned)v;
+    else if (strcmp(key, "command_timeout") == 0)
+        c->command_timeout_ms = v;
+    else if (strcmp(key, "data_timeout") == 0)
+        c->data_timeout_ms = v;
+    else if (strcmp(key, "lax_angle_brackets") == 0)
+        c->lax_angle_brackets = (int)v;
+    else if (strcmp(key, "reply_buffer_size") == 0)
+        c->reply_buffer_size = (size_t)v;
+    else {
+        hs_buf_addf(err, "unknown setting @%s", key);
+        return -1;
+    }
+    return 0;
+}
+
+static const struct {
+    const char *prefix;
+    int kind;
+    int has_text;
+} line_kinds[] = {{"C:", HS_L_CLIENT, 1},   {"B:", HS_L_RAW, 1},     {"S:", HS_L_SERVER, 1},
+                  {"E:", HS_L_EVENT, 1},    {"H:", HS_L_HOST, 1},    {"CLOSE:", HS_L_CLOSE, 1},
+                  {"TIME", HS_L_TIME, 1},   {"SILENT", HS_L_SILENT, 0},
+                  {"CLOSED", HS_L_CLOSED, 0}, {"OPEN", HS_L_OPEN, 0}};
+
+int hs_script_load(hs_script *sc, const char *path, hs_buf *err)
+{
+    memset(sc, 0, sizeof *sc);
+    sc->path = xstrdup(path);
+    const char *slash = strrchr(sc->path, '/');
+    sc->name = slash ? slash + 1 : sc->path;
+    smtpe_server_config_init(&sc->cfg);
+    sc->hostname = xstrdup("mx.example");
+    sc->cfg.hostname = sc->hostname;
+
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        hs_buf_addf(err, "%s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t got;
+    int lineno = 0, rc = 0, seen_action = 0;
+    while ((got = getline(&line, &cap, f)) >= 0) {
+        lineno++;
+        size_t n = (size_t)got;
+        while (n && (line[n - 1] == '\n' || line[n - 1] == '\r'))
+            line[--n] = 0;
+        if (n == 0 || line[0] == '#')
+            continue;
+        if (line[0] == '@') {
+            if (seen_action) {
+                hs_buf_addf(err, "%s:%d: settings must come before the first action", path,
+                            lineno);
+                rc = -1;
+                break;
+            }
+            char *key = line + 1, *val = strchr(key, ' ');
+            if (val)
+                *val++ = 0;
+            else
+                val = "";
+            if (apply_config(sc, key, val, err) < 0) {
+                hs_buf_addf(err, " (%s:%d)", path, lineno);
+                rc = -1;
+                break;
+            }
+            continue;
+        }
+        int kind = -1;
+        const char *text = NULL;
+        for (size_t i = 0; i < sizeof line_kinds / sizeof line_kinds[0]; i++) {
+            size_t pl = strlen(line_kinds[i].prefix);
+            if (strncmp(line, line_kinds[i].prefix, pl) != 0)
+                continue;
+            if (!line_kinds[i].has_text) {
+                if (line[pl] != 0)
+                    continue;
+                text = "";
+            } else if (line[pl] == ' ') {
+                text = line + pl + 1;
+            } else if (line[pl] == 0) {
+                text = "";
+            } else {
+                continue;
+            }
+            kind = line_kinds[i].kind;
+            break;
+        }
+        if (kind < 0) {
+            hs_buf_addf(err, "%s:%d: cannot parse line \"%s\"", path, lineno, line);
+            rc = -1;
+            break;
+        }
+        seen_action = 1;
+        if (kind == HS_L_EVENT)
+            sc->has_events = 1;
+        sc->lines = xrealloc(sc->lines, (sc->n + 1) * sizeof *sc->lines);
+        sc->lines[sc->n].kind = kind;
+        sc->lines[sc->n].lineno = lineno;
+        sc->lines[sc->n].text = xstrdup(text);
+        sc->n++;
+    }
+    free(line);
+    fclose(f);
+    if (sc->extra_n) {
+        sc->extra_ptrs = xrealloc(NULL, sc->extra_n * sizeof *sc->extra_ptrs);
+        for (size_t i = 0; i < sc->extra_n; i++)
+            sc->extra_ptrs[i] = sc->extra[i];
+        sc->cfg.ehlo_extra = sc->extra_ptrs;
+        sc->cfg.ehlo_extra_count = sc->extra_n;
+    }
+    return rc;
+}
+
+void hs_script_free(hs_script *sc)
+{
+    for (size_t i = 0; i < sc->n; i++)
+        free(sc->lines[i].text);
+    free(sc->lines);
+    for (size_t i = 0; i < sc->extra_n; i++)
+        free(sc->extra[i]);
+    free(sc->extra);
+    free(sc->extra_ptrs);
+    free(sc->hostname);
+    free(sc->greeting_text);
+    free(sc->path);
+    memset(sc, 0, sizeof *sc);
+}
+
+void hs_script_input(const hs_script *sc, hs_buf *out)
+{
+    for (size_t i = 0; i < sc->n; i++) {
+        const hs_line *l = &sc->lines[i];
+        if (l->kind != HS_L_CLIENT && l->kind != HS_L_RAW)
+            continue;
+        hs_unescape(out, l->text, strlen(l->text));
+        if (l->kind == HS_L_CLIENT)
+            hs_buf_adds(out, "\r\n");
+    }
+}
+
+/* A host verdict: "accept", or code [enhanced|-] [text]. */
+typedef struct verdict {
+    int accept;
+    unsigned code;
+    int has_enh;
+    char enh[32];
+    int has_text;
+    hs_buf text;
+} verdict;
+
+static int is_enhanced_token(const char *t, size_t n)
+{
+    int dots = 0, digits = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (t[i] == '.') {
+            if (!digits)
+                return 0;
+            dots++;
+            digits = 0;
+        } else if (t[i] >= '0' && t[i] <= '9') {
+            digits++;
+        } else {
+            return 0;
+        }
+    }
+    return dots == 2 && digits > 0;
+}
+
+static int parse_verdict(const char *s, verdict *v)
+{
+    memset(v, 0, sizeof *v);
+    if (strcmp(s, "accept") == 0) {
+        v->accept = 1;
+        return 0;
+    }
+    if (!(s[0] >= '1' && s[0] <= '9') || !(s[1] >= '0' && s[1] <= '9') ||
+        !(s[2] >= '0' && s[2] <= '9') || (s[3] != ' ' && s[3] != 0))
+        return -1;
+    v->code = (unsigned)((s[0] - '0') * 100 + (s[1] - '0') * 10 + (s[2] - '0'));
+    s += 3;
+    if (!*s)
+        return 0;
+    s++;
+    const char *sp = strchr(s, ' ');
+    size_t tl = sp ? (size_t)(sp - s) : strlen(s);
+    if (tl == 1 && s[0] == '-') {
+        s += tl;
+    } else if (is_enhanced_token(s, tl) && tl < sizeof v->enh) {
+        memcpy(v->enh, s, tl);
+        v->has_enh = 1;
+        s += tl;
+    } else {
+        /* no enhanced code: the rest is the text */
+        v->has_text = 1;
+        return hs_unescape(&v->text, s, strlen(s));
+    }
+    if (*s == ' ') {
+        s++;
+        v->has_text = 1;
+        return hs_unescape(&v->text, s, strlen(s));
+    }
+    return 0;
+}
+
+typedef struct runner {
+    const hs_script *sc;
+    hs_sess sess;
+    size_t *queue;    /* indices of H: lines not yet used */
+    size_t qhead, qlen;
+    size_t out_pos;   /* output octets matched so far */
+    size_t ev_pos;    /* events matched so far */
+    hs_buf pending;   /* client octets not yet consumed */
+    size_t pend_off;
+    hs_splitter sp;
+    int mode;
+    hs_buf *report;
+    int failed;
+} runner;
+
+static void rfail(runner *r, const hs_line *l, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void rfail(runner *r, const hs_line *l, const char *fmt, ...)
+{
+    if (r->failed)
+        return;
+    r->failed = 1;
+    char tmp[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    hs_buf_addf(r->report, "%s:%d [%s]: %s\n", r->sc->path, l ? l->lineno : 0,
+                hs_mode_name(r->mode), tmp);
+}
+
+static int apply_verdict(hs_sess *s, const smtpe_event *ev, void *ud)
+{
+    runner *r = ud;
+    (void)ev;
+    if (r->qhead == r->qlen)
+        return smtpe_server_accept(s->srv) == 0 ? 0 : (hs_sess_fail(s, "accept failed"), -1);
+    const hs_line *l = &r->sc->lines[r->queue[r->qhead++]];
+    verdict v;
+    if (parse_verdict(l->text, &v) < 0) {
+        hs_buf_free(&v.text);
+        hs_sess_fail(s, "line %d: cannot parse H: verdict", l->lineno);
+        return -1;
+    }
+    int rc = v.accept ? smtpe_server_accept(s->srv)
+                      : smtpe_server_reply(s->srv, v.code, v.has_enh ? v.enh : NULL,
+                                           v.has_text ? hs_buf_cstr(&v.text) : NULL);
+    hs_buf_free(&v.text);
+    if (rc != 0) {
+        hs_sess_fail(s, "line %d: the engine refused the H: verdict: %d (%s)", l->lineno, rc,
+                     smtpe_strerror(rc));
+        return -1;
+    }
+    return 0;
+}
+
+static void pump(runner *r, const hs_line *l)
+{
+    if (r->pend_off < r->pending.len) {
+        size_t used = hs_sess_feed(&r->sess, r->pending.p + r->pend_off,
+                                   r->pending.len - r->pend_off, &r->sp);
+        r->pend_off += used;
+    } else {
+        hs_sess_drain(&r->sess);
+    }
+    if (r->sess.failed && !r->failed)
+        rfail(r, l, "%s", hs_buf_cstr(&r->sess.err));
+}
+
+/* The next whole reply line of the output, without CRLF; 0 if there is none. */
+static int next_reply_line(runner *r, const uint8_t **p, size_t *n)
+{
+    const hs_buf *o = &r->sess.out;
+    for (size_t i = r->out_pos; i + 1 < o->len; i++) {
+        if (o->p[i] == '\r' && o->p[i + 1] == '\n') {
+            *p = o->p + r->out_pos;
+            *n = i - r->out_pos;
+            r->out_pos = i + 2;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static void describe_unmatched_output(runner *r, hs_buf *d)
+{
+    const hs_buf *o = &r->sess.out;
+    hs_escape(d, o->p + r->out_pos, o->len - r->out_pos);
+}
+
+/* Glob match of raw octets against the expected text of an E: line: an unescaped '*' in the
+ * text matches any run of octets; everything else is compared after unescaping. */
+static int glob_match(const char *pat, const uint8_t *s, size_t n)
+{
+    /* split the pattern at unescaped '*' */
+    hs_buf seg = {0};
+    const char *p = pat;
+    size_t pos = 0;
+    int first = 1, ok = 1;
+    for (;;) {
+        const char *q = p;
+        while (*q && *q != '*') {
+            if (*q == '\\' && q[1])
+                q++;
+            q++;
+        }
+        hs_buf_reset(&seg);
+        if (hs_unescape(&seg, p, (size_t)(q - p)) < 0) {
+            ok = 0;
+            break;
+        }
+        int last = *q == 0;
+        if (first && last) {
+            ok = seg.len == n && (n == 0 || memcmp(seg.p, s, n) == 0);
+            break;
+        }
+        if (first) {
+            if (seg.len > n || (seg.len && memcmp(seg.p, s, seg.len) != 0)) {
+                ok = 0;
+                break;
+            }
+            pos = seg.len;
+        } else if (last) {
+            ok = seg.len <= n - pos &&
+                 (seg.len == 0 || memcmp(seg.p, s + n - seg.len, seg.len) == 0);
+            break;
+        } else {
+            size_t i;
+            int found = 0;
+            for (i = pos; i + seg.len <= n; i++)
+                if (seg.len == 0 || memcmp(s + i, seg.p, seg.len) == 0) {
+                    found = 1;
+                    break;
+                }
+            if (!found) {
+                ok = 0;
+                break;
+            }
+            pos = i + seg.len;
+        }
+        first = 0;
+        p = q + 1;
+    }
+    hs_buf_free(&seg);
+    return ok;
+}
+
+static void step(runner *r, const hs_line *l)
+{
+    hs_buf tmp = {0}, d1 = {0}, d2 = {0};
+    switch (l->kind) {
+    case HS_L_CLIENT:
+    case HS_L_RAW:
+        if (hs_unescape(&r->pending, l->text, strlen(l->text)) < 0)
+            rfail(r, l, "bad escape in \"%s\"", l->text);
+        if (l->kind == HS_L_CLIENT)
+            hs_buf_adds(&r->pending, "\r\n");
+        break;
+    case HS_L_HOST: {
+        verdict v;
+        if (parse_verdict(l->text, &v) < 0)
+            rfail(r, l, "cannot parse verdict \"%s\"", l->text);
+        hs_buf_free(&v.text);
+        r->queue[r->qlen++] = (size_t)(l - r->sc->lines);
+        break;
+    }
+    case HS_L_SERVER: {
+        pump(r, l);
+        if (r->failed)
+            break;
+        const uint8_t *p;
+        size_t n;
+        if (hs_unescape(&tmp, l->text, strlen(l->text)) < 0) {
+            rfail(r, l, "bad escape in \"%s\"", l->text);
+            break;
+        }
+        if (!next_reply_line(r, &p, &n)) {
+            describe_unmatched_output(r, &d1);
+            rfail(r, l, "expected reply line \"%s\", but no further reply line (pending output: "
+                        "\"%s\")", l->text, hs_buf_cstr(&d1));
+            break;
+        }
+        if (n != tmp.len || (n && memcmp(p, tmp.p, n) != 0)) {
+            hs_escape(&d1, p, n);
+            rfail(r, l, "reply line mismatch\n    expected: \"%s\"\n    actual:   \"%s\"",
+                  l->text, hs_buf_cstr(&d1));
+        }
+        break;
+    }
+    case HS_L_SILENT:
+        pump(r, l);
+        if (!r->failed && r->out_pos < r->sess.out.len) {
+            describe_unmatched_output(r, &d1);
+            rfail(r, l, "expected no reply, got \"%s\"", hs_buf_cstr(&d1));
+        }
+        break;
+    case HS_L_EVENT:
+        pump(r, l);
+        if (r->failed)
+            break;
+        if (r->ev_pos >= r->sess.log.n) {
+            rfail(r, l, "expected event \"%s\", but there is no further event", l->text);
+            break;
+        }
+        {
+            const hs_buf *ev = &r->sess.log.items[r->ev_pos++];
+            if (!glob_match(l->text, ev->p, ev->len)) {
+                hs_escape(&d1, ev->p, ev->len);
+                rfail(r, l, "event mismatch\n    expected: %s\n    actual:   %s", l->text,
+                      hs_buf_cstr(&d1));
+            }
+        }
+        break;
+    case HS_L_TIME: {
+        pump(r, l);
+        uint64_t dt = 0;
+        if (l->text[0] != '+' || parse_u64(l->text + 1, &dt) < 0) {
+            rfail(r, l, "TIME needs +milliseconds");
+            break;
+        }
+        r->sess.now += dt;
+        int rc = smtpe_server_handle_expiry(r->sess.srv, r->sess.now);
+        if (rc != 0 && rc != 1)
+            rfail(r, l, "smtpe_server_handle_expiry returned %d", rc);
+        hs_sess_drain(&r->sess);
+        break;
+    }
+    case HS_L_CLOSE: {
+        verdict v;
+        if (parse_verdict(l->text, &v) < 0 || v.accept) {
+            rfail(r, l, "cannot parse CLOSE: \"%s\"", l->text);
+            hs_buf_free(&v.text);
+            break;
+        }
+        int rc = smtpe_server_close(r->sess.srv, v.code, v.has_enh ? v.enh : NULL,
+                                    v.has_text ? hs_buf_cstr(&v.text) : NULL);
+        hs_buf_free(&v.text);
+        if (rc != 0)
+            rfail(r, l, "smtpe_server_close returned %d (%s)", rc, smtpe_strerror(rc));
+        break;
+    }
+    case HS_L_CLOSED:
+        pump(r, l);
+        if (!r->failed && !(smtpe_server_want(r->sess.srv) & SMTPE_WANT_CLOSE))
+            rfail(r, l, "expected the session to want close (want=0x%x)",
+                  smtpe_server_want(r->sess.srv));
+        break;
+    case HS_L_OPEN:
+        pump(r, l);
+        if (!r->failed && (smtpe_server_want(r->sess.srv) & SMTPE_WANT_CLOSE))
+            rfail(r, l, "expected the session to be open, but it wants close");
+        break;
+    }
+    hs_buf_free(&tmp);
+    hs_buf_free(&d1);
+    hs_buf_free(&d2);
+}
+
+int hs_script_run(const hs_script *sc, int mode, uint64_t seed, hs_buf *out, hs_log *log,
+                  hs_buf *report)
+{
+    runner r;
+    memset(&r, 0, sizeof r);
+    r.sc = sc;
+    r.mode = mode;
+    r.report = report;
+    r.queue = xrealloc(NULL, (sc->n + 1) * sizeof *r.queue);
+    hs_splitter_init(&r.sp, mode, seed);
+    int rc = hs_sess_open(&r.sess, &sc->cfg, 0);
+    if (rc != 0) {
+        rfail(&r, NULL, "smtpe_server_new returned %d (%s)", rc, smtpe_strerror(rc));
+        free(r.queue);
+        r.sess.srv = NULL;
+        hs_sess_close(&r.sess);
+        return -1;
+    }
+    r.sess.verdict = apply_verdict;
+    r.sess.verdict_ud = &r;
+    for (size_t i = 0; i < sc->n && !r.failed; i++)
+        step(&r, &sc->lines[i]);
+    if (!r.failed) {
+        const hs_line *last = sc->n ? &sc->lines[sc->n - 1] : NULL;
+        pump(&r, last);
+        hs_sess_flush_content(&r.sess);
+        hs_buf d = {0};
+        if (!r.failed && r.out_pos < r.sess.out.len) {
+            describe_unmatched_output(&r, &d);
+            rfail(&r, last, "end of transcript, but the server sent more: \"%s\"",
+                  hs_buf_cstr(&d));
+        }
+        if (!r.failed && sc->has_events && r.ev_pos < r.sess.log.n) {
+            hs_buf_reset(&d);
+            for (size_t i = r.ev_pos; i < r.sess.log.n; i++) {
+                hs_buf_adds(&d, "\n    E: ");
+                hs_escape(&d, r.sess.log.items[i].p, r.sess.log.items[i].len);
+            }
+            rfail(&r, last, "end of transcript, but there were more events:%s",
+                  hs_buf_cstr(&d));
+        }
+        if (!r.failed && r.qhead != r.qlen)
+            rfail(&r, &sc->lines[r.queue[r.qhead]],
+                  "end of transcript, but this H: verdict was never used");
+        hs_buf_free(&d);
+    }
+    if (out)
+        hs_buf_add(out, r.sess.out.p, r.sess.out.len);
+    if (log)
+        for (size_t i = 0; i < r.sess.log.n; i++)
+            hs_log_add(log, r.sess.log.items[i].p, r.sess.log.items[i].len);
+    if (hs_sess_close(&r.sess) < 0)
+        rfail(&r, NULL, "smtpe_server_free did not free the session's one allocation once");
+    int failed = r.failed;
+    hs_buf_free(&r.pending);
+    free(r.queue);
+    return failed ? -1 : 0;
+}

@@ -1,0 +1,171 @@
+/*
+ * harness.h - helpers shared by the smtpe tests (not part of the engine).
+ *
+ * Growable byte buffers, C-style escapes, a counting allocator, an event formatter, a session
+ * driver that feeds input whole, one octet at a time or in pseudo-random splits, and the runner
+ * of the transcript files in tests/transcripts (format: tests/transcripts/README.md).
+ */
+#ifndef SMTPE_TEST_HARNESS_H
+#define SMTPE_TEST_HARNESS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "smtpe.h"
+
+/* memcmp that accepts NULL pointers when n is 0. */
+static inline int hs_memeq(const void *a, const void *b, size_t n)
+{
+    return n == 0 || memcmp(a, b, n) == 0;
+}
+
+/* ---- growable buffers -------------------------------------------------------------------- */
+typedef struct hs_buf {
+    uint8_t *p;
+    size_t len;
+    size_t cap;
+} hs_buf;
+
+void hs_buf_add(hs_buf *b, const void *p, size_t n);
+void hs_buf_adds(hs_buf *b, const char *s);
+void hs_buf_addf(hs_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void hs_buf_reset(hs_buf *b);
+void hs_buf_free(hs_buf *b);
+/* NUL-terminates the contents (the NUL is not counted in len) and returns them. */
+const char *hs_buf_cstr(hs_buf *b);
+
+/* Appends p[0..n) with C escapes: \r \n \t \\ \" and \xHH for other octets outside 0x20..0x7e. */
+void hs_escape(hs_buf *out, const uint8_t *p, size_t n);
+/* Appends the octets that s[0..n) denotes: \r \n \t \0 \\ \" \' \* and \xHH (two hex digits).
+ * Returns 0, or -1 for a malformed escape. */
+int hs_unescape(hs_buf *out, const char *s, size_t n);
+
+/* ---- counting allocator ------------------------------------------------------------------ */
+typedef struct hs_alloc {
+    size_t allocs;     /* successful alloc calls */
+    size_t attempts;   /* all alloc calls */
+    size_t frees;      /* free calls */
+    size_t bytes;      /* octets of the last successful allocation */
+    size_t fail_from;  /* the attempt number (1-based) from which alloc returns NULL; 0: never */
+    void *last;        /* pointer of the last successful allocation */
+    void *last_freed;
+} hs_alloc;
+
+void hs_alloc_init(hs_alloc *a);
+smtpe_allocator hs_alloc_hook(hs_alloc *a);
+
+/* ---- event log --------------------------------------------------------------------------- */
+typedef struct hs_log {
+    hs_buf *items;
+    size_t n;
+    size_t cap;
+} hs_log;
+
+void hs_log_add(hs_log *log, const uint8_t *p, size_t n);
+void hs_log_free(hs_log *log);
+/* 1 if both logs hold the same entries. */
+int hs_log_equal(const hs_log *a, const hs_log *b);
+
+/* Formats an event (not DATA_CHUNK) as the raw octets of a transcript "E:" line. Returns 0, or
+ * -1 with a reason in err when the event is inconsistent (e.g. a path's mailbox span is not
+ * local-part "@" domain). */
+int hs_format_event(hs_buf *out, const smtpe_event *ev, hs_buf *err);
+
+/* ---- input splitting --------------------------------------------------------------------- */
+enum { HS_WHOLE = 0, HS_BYTEWISE = 1, HS_RANDOM = 2 };
+typedef struct hs_splitter {
+    int mode;
+    uint64_t state;
+} hs_splitter;
+
+void hs_splitter_init(hs_splitter *sp, int mode, uint64_t seed);
+/* Length of the next piece to feed, 1..remaining (remaining > 0). */
+size_t hs_splitter_next(hs_splitter *sp, size_t remaining);
+const char *hs_mode_name(int mode);
+uint64_t hs_hash(const char *s);
+
+/* ---- session driver ---------------------------------------------------------------------- */
+typedef struct hs_sess hs_sess;
+/* Gives the verdict for ev (which needs one). Returns 0, or -1 with a reason in s->err. */
+typedef int (*hs_verdict_fn)(hs_sess *s, const smtpe_event *ev, void *ud);
+
+struct hs_sess {
+    smtpe_server *srv;
+    const smtpe_server_config *cfg;
+    hs_alloc alloc;
+    smtpe_allocator hook;
+    uint64_t now;
+    hs_buf out;        /* every output octet taken so far */
+    hs_log log;        /* every event so far, DATA_CHUNKs coalesced into CONTENT entries */
+    hs_buf content;    /* DATA_CHUNK octets since the last other event */
+    int in_content;
+    hs_verdict_fn verdict; /* NULL: smtpe_server_accept */
+    void *verdict_ud;
+    int failed;
+    hs_buf err;        /* the first failure */
+};
+
+/* Creates the session (through the counting allocator) at time now. Returns 0 or the engine's
+ * error code. */
+int hs_sess_open(hs_sess *s, const smtpe_server_config *cfg, uint64_t now);
+/* Frees the session and the driver's buffers. Returns 0, or -1 if smtpe_server_free did not
+ * free the one allocation exactly once. */
+int hs_sess_close(hs_sess *s);
+/* Takes every pending event (giving verdicts) and all output. Returns how many events and output
+ * octets there were. */
+size_t hs_sess_drain(hs_sess *s);
+/* Feeds p[0..n) in pieces chosen by sp, draining in between, until it is all consumed or the
+ * session consumes nothing more (it wants to close). Returns the octets consumed; on an engine
+ * misbehaviour (stuck, negative return) sets s->failed. */
+size_t hs_sess_feed(hs_sess *s, const uint8_t *p, size_t n, hs_splitter *sp);
+/* Records pending content as a CONTENT entry. */
+void hs_sess_flush_content(hs_sess *s);
+void hs_sess_fail(hs_sess *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- transcripts ------------------------------------------------------------------------- */
+enum {
+    HS_L_CLIENT,  /* C: */
+    HS_L_RAW,     /* B: */
+    HS_L_SERVER,  /* S: */
+    HS_L_SILENT,  /* SILENT */
+    HS_L_EVENT,   /* E: */
+    HS_L_HOST,    /* H: */
+    HS_L_CLOSE,   /* CLOSE: */
+    HS_L_TIME,    /* TIME +ms */
+    HS_L_CLOSED,  /* CLOSED */
+    HS_L_OPEN     /* OPEN */
+};
+
+typedef struct hs_line {
+    int kind;
+    int lineno;
+    char *text;  /* after the keyword and one space, escapes not yet resolved */
+} hs_line;
+
+typedef struct hs_script {
+    char *path;
+    const char *name;       /* basename of path */
+    smtpe_server_config cfg;
+    char *hostname;
+    char *greeting_text;
+    char **extra;
+    const char **extra_ptrs;
+    size_t extra_n;
+    hs_line *lines;
+    size_t n;
+    int has_events;
+} hs_script;
+
+/* Loads a transcript file. Returns 0, or -1 with the reason in err. */
+int hs_script_load(hs_script *sc, const char *path, hs_buf *err);
+void hs_script_free(hs_script *sc);
+/* All client octets of the script (C: and B: lines) in order. */
+void hs_script_input(const hs_script *sc, hs_buf *out);
+
+/* Runs the script feeding input in the given mode. Returns 0 if every expectation held, else -1
+ * with a report in err. out and log receive the session's whole output and event log. */
+int hs_script_run(const hs_script *sc, int mode, uint64_t seed, hs_buf *out, hs_log *log,
+                  hs_buf *err);
+
+#endif
