@@ -8,8 +8,8 @@
  * The content is scanned three times: whole, one octet at a time, and in pieces whose sizes
  * cycle through the input's first octets. Oracles:
  *   - smtpe__data_feed never consumes more than it was given and always makes progress;
- *     a chunk lies within the octets it consumed (or is a static CR, LF or CRLF, not under
- *     REFUSE); no chunk follows a status other than SMTPE_DATA_OK;
+ *     a chunk lies within the octets it consumed (or is a static CR, LF or CRLF; under REFUSE
+ *     only a CRLF whose CR was held back, or its CR cut at the size limit); no chunk follows a status other than SMTPE_DATA_OK;
  *   - all three give the same end offset and, when the end was reached, the same concatenated
  *     content, status, flags and size (before it, the contents so far are prefixes);
  *   - the end is exactly just past the first CR LF . CR LF (the DATA line's CRLF counting as
@@ -71,7 +71,8 @@ static void scan(const uint8_t *p, size_t n, smtpe_line_ending_policy pol, uint6
         if (chunk.len) {
             FUZZ_CHECK(before == SMTPE_DATA_OK, "content handed out after the status left OK");
             if (!fz_within(chunk, q, r))
-                FUZZ_CHECK(pol != SMTPE_LINE_ENDING_REFUSE && fz_static_break(chunk),
+                FUZZ_CHECK(fz_static_break(chunk) &&
+                               (pol != SMTPE_LINE_ENDING_REFUSE || chunk.ptr[0] == '\r'),
                            "chunk outside the consumed octets and not a static line break");
             fz_put(&res->content, chunk.ptr, chunk.len);
         }

@@ -455,7 +455,8 @@ static void take_chunk(run *r, const smtpe_event *ev)
     const uint8_t *fed = r->split ? r->feed : r->whole;
     size_t fed_len = r->split ? r->feed_len : r->c->client_len;
     if (!fz_within(ch, fed, fed_len))
-        FUZZ_CHECK(r->c->cfg.line_ending != SMTPE_LINE_ENDING_REFUSE && fz_static_break(ch),
+        FUZZ_CHECK(fz_static_break(ch) &&
+                       (r->c->cfg.line_ending != SMTPE_LINE_ENDING_REFUSE || ch.ptr[0] == '\r'),
                    "DATA_CHUNK span neither in the fed octets nor a static line break");
     TRACE("[%s] chunk %zu octets\n", r->split ? "split" : "whole", ch.len);
     fz_put(&r->msg, ch.ptr, ch.len);
