@@ -273,7 +273,10 @@ SMTPE_EXTERN void smtpe_server_free(smtpe_server *s);
  * wants to close; the host keeps the rest and feeds it again after taking the event, giving the
  * verdict or sending output. now_ms is the monotonic clock in ms; consuming at least one octet
  * restarts the timeouts from it.
- * Returns the number of octets consumed (0..len), or SMTPE_ERR_INVALID_ARGUMENT.
+ * Returns the number of octets consumed (0..len), or SMTPE_ERR_INVALID_ARGUMENT. It may return 0
+ * and still have made progress (queued a reply or an event: under NORMALISE a line ended by a
+ * bare CR is known only when the next octet arrives, which is not consumed); a host loops while
+ * octets are consumed, events come or output is queued, as smtpe_server_want() tells.
  * RFC 5321 §2.3.8 (lines), §4.1.1 (commands), §4.5.2 (transparency), RFC 2920 (pipelining). */
 SMTPE_EXTERN ssize_t smtpe_server_recv(smtpe_server *s, const uint8_t *buf, size_t len,
                                        uint64_t now_ms);
