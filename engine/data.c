@@ -155,10 +155,11 @@ static int step(smtpe__data *d, uint8_t c, const uint8_t **cs, size_t *cn)
 #define ONES 0x0101010101010101ull
 #define HIGHS 0x8080808080808080ull
 
-/* 1 if any octet of v is zero (exact, no false positives). */
-static int has_zero_octet(uint64_t v)
+/* Sets the high bit of octets of v that are zero: nonzero exactly when one is, and the lowest
+ * set bit is exact (borrows only run upwards, so higher bits may be spurious). */
+static uint64_t zero_octets(uint64_t v)
 {
-    return ((v - ONES) & ~v & HIGHS) != 0;
+    return (v - ONES) & ~v & HIGHS;
 }
 
 /* The fast path: the length of the run at p[0..n) that is content whatever the policy, i.e.
@@ -173,11 +174,19 @@ static size_t content_run(smtpe__data *d, const uint8_t *p, size_t n)
     for (;;) {
         size_t start = j;
         while (n - j >= 8) {
-            uint64_t v;
+            uint64_t v, m;
             memcpy(&v, p + j, 8);
-            if (has_zero_octet(v) || has_zero_octet(v ^ (ONES * '\r')) ||
-                has_zero_octet(v ^ (ONES * '\n')))
+            m = zero_octets(v) | zero_octets(v ^ (ONES * '\r')) | zero_octets(v ^ (ONES * '\n'));
+            if (m) {
+#if defined(__GNUC__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+                /* the lowest flagged octet is exact: skip the plain octets before it */
+                unsigned k = (unsigned)__builtin_ctzll(m) / 8;
+                if (k > 0)
+                    high |= v & ((1ull << (8 * k)) - 1);
+                j += k;
+#endif
                 break;
+            }
             high |= v;
             j += 8;
         }
