@@ -1,5 +1,5 @@
 /*
- * signals.c - SIGPIPE ignored, SIGTERM/SIGINT counted (see signals.h).
+ * signals.c - SIGPIPE and SIGXFSZ ignored, SIGTERM/SIGINT counted (see signals.h).
  */
 #include "signals.h"
 
@@ -22,7 +22,8 @@ int host_signals_init(sigset_t *wait_mask)
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = SIG_IGN;
     sigemptyset(&sa.sa_mask);
-    if (sigaction(SIGPIPE, &sa, NULL) < 0)
+    if (sigaction(SIGXFSZ, &sa, NULL) < 0 || /* a file-size limit: write() fails with EFBIG */
+        sigaction(SIGPIPE, &sa, NULL) < 0)
         return -1;
     sa.sa_handler = on_stop;
     if (sigaction(SIGTERM, &sa, NULL) < 0 || sigaction(SIGINT, &sa, NULL) < 0)
