@@ -125,7 +125,7 @@ static int quoted_string(cursor *c)
 static int sub_domain(cursor *c)
 {
     size_t start = c->i;
-    int last = 0;
+    int last = 0, ulabel = 0;
     for (;;) {
         int ch = peek(c);
         if (is_alpha(ch) || is_digit(ch)) {
@@ -136,11 +136,13 @@ static int sub_domain(cursor *c)
             last = ch;
         } else if (take_utf8(c)) {
             last = 0x80;
+            ulabel = 1;
         } else {
             break;
         }
     }
-    return c->i > start && last != '-';
+    /* RFC 1035 §2.3.4: 63 octets a label (a U-label's limit is its A-label's, not checked) */
+    return c->i > start && last != '-' && (ulabel || c->i - start <= 63);
 }
 
 /* Domain = sub-domain *("." sub-domain) */

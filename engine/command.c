@@ -46,7 +46,7 @@ size_t smtpe__line_feed(smtpe__line *l, const uint8_t *p, size_t n,
                 return i + 1;
             }
             if (line_oddity(l, '\r', policy)) {
-                l->flags |= SMTPE__LINE_DONE;
+                l->flags |= SMTPE__LINE_DONE | SMTPE__LINE_BARE_END;
                 return i; /* c starts the next line */
             }
             continue; /* c is looked at again, without the CR */
@@ -56,7 +56,7 @@ size_t smtpe__line_feed(smtpe__line *l, const uint8_t *p, size_t n,
             l->flags |= SMTPE__LINE_CR;
         } else if (c == '\n' || c == 0) {
             if (line_oddity(l, c, policy)) {
-                l->flags |= SMTPE__LINE_DONE;
+                l->flags |= SMTPE__LINE_DONE | SMTPE__LINE_BARE_END;
                 return i;
             }
         } else if (l->len < l->cap) {

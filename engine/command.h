@@ -16,6 +16,7 @@ typedef struct smtpe__line {
 #define SMTPE__LINE_BARE (1u << 1)     /* a bare CR, bare LF or NUL was seen (REFUSE policy) */
 #define SMTPE__LINE_CR (1u << 2)       /* the last octet seen was CR (not in buf) */
 #define SMTPE__LINE_DONE (1u << 3)     /* a whole line is in buf */
+#define SMTPE__LINE_BARE_END (1u << 4) /* it ended at a bare CR or LF (NORMALISE) */
 
 /* Clears the line for the next command. */
 void smtpe__line_reset(smtpe__line *l);

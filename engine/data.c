@@ -20,14 +20,15 @@ enum {
 
 static const uint8_t crlf[2] = {'\r', '\n'};
 
-void smtpe__data_start(smtpe__data *d, smtpe_line_ending_policy policy, uint64_t max_size)
+void smtpe__data_start(smtpe__data *d, smtpe_line_ending_policy policy, uint64_t max_size,
+                       int at_line_start)
 {
-    d->state = DS_BOL;
+    d->state = at_line_start ? DS_BOL : DS_MID;
     d->policy = policy;
     d->max_size = max_size;
     d->size = 0;
     d->status = SMTPE_DATA_OK;
-    d->flags = 0;
+    d->flags = at_line_start ? 0 : SMTPE_DATA_NORMALISED;
 }
 
 /* Counts len content octets and returns how many of them may be handed out: all while the

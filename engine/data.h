@@ -13,8 +13,11 @@ typedef struct smtpe__data {
     unsigned flags;                  /* SMTPE_DATA_NORMALISED | SMTPE_DATA_HAS_8BIT */
 } smtpe__data;
 
-/* Starts a message; the CRLF of the DATA line counts as the line break before it. */
-void smtpe__data_start(smtpe__data *d, smtpe_line_ending_policy policy, uint64_t max_size);
+/* Starts a message. at_line_start: the DATA line ended in CRLF, which then counts as the line
+ * break before the content (RFC 5321 §4.1.1.4); 0 if it ended at a normalised bare CR or LF,
+ * which starts no line (so "DATA\n.\r\n" is not an empty message). */
+void smtpe__data_start(smtpe__data *d, smtpe_line_ending_policy policy, uint64_t max_size,
+                       int at_line_start);
 
 /* Scans p[0..n). Returns octets consumed, and stops early as soon as it has content to hand
  * out: *chunk then holds it (into p, or static memory for a normalised line break). *end is set

@@ -77,15 +77,17 @@ int smtpe__enhanced_valid(const char *s, unsigned code)
 
 int smtpe__reply_text_check(const char *text, size_t len)
 {
-    size_t line = 0;
+    size_t line = 0, lines = 1;
     int too_long = len > SMTPE__REPLY_TOTAL_MAX;
     for (size_t i = 0; i < len; i++) {
         unsigned char c = (unsigned char)text[i];
         if (c == '\n') {
             line = 0;
+            if (++lines > SMTPE__REPLY_LINES_MAX)
+                too_long = 1;
             continue;
         }
-        if (c < 0x20 || c == 0x7f)
+        if ((c < 0x20 && c != '\t') || c == 0x7f)
             return 1;
         if (++line > SMTPE__REPLY_TEXT_MAX)
             too_long = 1;

@@ -6,6 +6,7 @@
 #define SMTPE__REPLY_LINE_MAX 512  /* RFC 5321 §4.5.3.1.5, code and CRLF included */
 #define SMTPE__REPLY_TEXT_MAX 400  /* text of one host reply line */
 #define SMTPE__REPLY_TOTAL_MAX 2048 /* all text of one host reply */
+#define SMTPE__REPLY_LINES_MAX 32   /* lines of one host reply */
 
 /* Writes a reply of code (200..599) into out[0..cap): one line per '\n'-separated line of text
  * (text[0..text_len)), "code-" on all but the last, "code " on the last; each line's text
@@ -24,8 +25,9 @@ size_t smtpe__reply_line(uint8_t *out, size_t cap, size_t at, unsigned code, int
  * subject 1-3 digits, detail 1-3 digits) whose class is code's first digit. */
 int smtpe__enhanced_valid(const char *s, unsigned code);
 
-/* 1 if text is acceptable host reply text: no control octets but '\n', each line at most
- * SMTPE__REPLY_TEXT_MAX octets, all at most SMTPE__REPLY_TOTAL_MAX. */
+/* 1 if text is acceptable host reply text: no control octets but HT and '\n' (RFC 5321 §4.2
+ * textstring), each line at most SMTPE__REPLY_TEXT_MAX octets, at most SMTPE__REPLY_LINES_MAX
+ * lines, all at most SMTPE__REPLY_TOTAL_MAX. */
 int smtpe__reply_text_valid(const char *text, size_t len);
 
 /* The same check, telling why: 0 acceptable, 1 a control octet, 2 a line or the whole too long. */

@@ -95,7 +95,7 @@ static int config_valid(const smtpe_server_config *c)
 /* Upper bound of the EHLO reply in octets. */
 static size_t ehlo_size(const smtpe_server_config *c)
 {
-    size_t n = 6 + strlen(c->hostname) + 6 * 40;
+    size_t n = 6 + SMTPE__REPLY_TEXT_MAX + 6 * 40; /* the first line: hostname or host text */
     for (size_t i = 0; i < c->ehlo_extra_count; i++)
         n += 6 + strlen(c->ehlo_extra[i]);
     return n;
@@ -254,6 +254,8 @@ int smtpe_server_init(smtpe_server **out, void *mem, size_t len, const smtpe_ser
         return SMTPE_ERR_INVALID_ARGUMENT;
     if (!layout_of(cfg, &l))
         return SMTPE_ERR_CONFIG;
+    if ((uintptr_t)mem % _Alignof(max_align_t) != 0)
+        return SMTPE_ERR_INVALID_ARGUMENT;
     if (len < l.total)
         return SMTPE_ERR_BUFFER_TOO_SMALL;
     session_setup(mem, cfg, &l, now_ms);
@@ -616,21 +618,25 @@ static size_t recv_data(smtpe_server *s, const uint8_t *buf, size_t len)
 ssize_t smtpe_server_recv(smtpe_server *s, const uint8_t *buf, size_t len, uint64_t now_ms)
 {
     size_t used = 0;
+    int progress = 0; /* a command line completed or content arrived */
     if (!s || (!buf && len > 0))
         return SMTPE_ERR_INVALID_ARGUMENT;
     while (used < len && !s->closing && !s->event_ready && s->verdict == SMTPE_EV_NONE &&
            out_space(s) >= s->reserve) {
         if (s->mode == MODE_DATA) {
             used += recv_data(s, buf + used, len - used);
+            progress = 1;
             continue;
         }
         if (s->line.flags & SMTPE__LINE_DONE)
             smtpe__line_reset(&s->line);
         used += smtpe__line_feed(&s->line, buf + used, len - used, s->cfg->line_ending);
-        if (s->line.flags & SMTPE__LINE_DONE)
+        if (s->line.flags & SMTPE__LINE_DONE) {
             handle_line(s);
+            progress = 1;
+        }
     }
-    if (used > 0) { /* only progress restarts the timeouts */
+    if (progress) { /* RFC 5321 §4.5.3.2.7: the wait is for the next whole command */
         s->last_activity = now_ms;
         s->timer_restart = 0;
     }
@@ -767,7 +773,8 @@ static void apply_verdict(smtpe_server *s, smtpe_event_type type, unsigned code)
     case SMTPE_EV_DATA:
         if (code == 354) {
             s->mode = MODE_DATA;
-            smtpe__data_start(&s->data, s->cfg->line_ending, s->cfg->max_message_size);
+            smtpe__data_start(&s->data, s->cfg->line_ending, s->cfg->max_message_size,
+                              !(s->line.flags & SMTPE__LINE_BARE_END));
         }
         break;
     case SMTPE_EV_DATA_END:

@@ -43,7 +43,7 @@ static void scan(const uint8_t *p, size_t n, smtpe_line_ending_policy pol, uint6
                  const uint8_t *steps, size_t nsteps, result *res)
 {
     smtpe__data *d = &res->d;
-    smtpe__data_start(d, pol, max);
+    smtpe__data_start(d, pol, max, 1);
     size_t off = 0, iter = 0, si = 0;
     res->end = -1;
     while (off < n) {

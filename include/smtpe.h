@@ -259,9 +259,10 @@ SMTPE_EXTERN size_t smtpe_server_memory_size(const smtpe_server_config *cfg);
 SMTPE_EXTERN int smtpe_server_new(smtpe_server **out, const smtpe_server_config *cfg,
                                   const smtpe_allocator *alloc, uint64_t now_ms);
 
-/* Like smtpe_server_new, but in caller memory mem of len octets (aligned for any type), which
- * must stay valid until the session is no longer used; smtpe_server_free must not be called.
- * Returns 0, SMTPE_ERR_INVALID_ARGUMENT, SMTPE_ERR_CONFIG or SMTPE_ERR_BUFFER_TOO_SMALL. */
+/* Like smtpe_server_new, but in caller memory mem of len octets, aligned for any type
+ * (max_align_t), which must stay valid until the session is no longer used; smtpe_server_free
+ * must not be called. Returns 0, SMTPE_ERR_INVALID_ARGUMENT (also for misaligned mem),
+ * SMTPE_ERR_CONFIG or SMTPE_ERR_BUFFER_TOO_SMALL. */
 SMTPE_EXTERN int smtpe_server_init(smtpe_server **out, void *mem, size_t len,
                                    const smtpe_server_config *cfg, uint64_t now_ms);
 
@@ -271,8 +272,9 @@ SMTPE_EXTERN void smtpe_server_free(smtpe_server *s);
 /* Feeds len octets read from the client. The engine consumes octets until it has an event for
  * the host to take, waits for a verdict, has too little reply buffer left for another reply, or
  * wants to close; the host keeps the rest and feeds it again after taking the event, giving the
- * verdict or sending output. now_ms is the monotonic clock in ms; consuming at least one octet
- * restarts the timeouts from it.
+ * verdict or sending output. now_ms is the monotonic clock in ms; a completed command line, or
+ * content octets during DATA, restart the timeouts from it (so a client that drips a command
+ * one octet at a time still has command_timeout_ms for the whole line).
  * Returns the number of octets consumed (0..len), or SMTPE_ERR_INVALID_ARGUMENT. It may return 0
  * and still have made progress (queued a reply or an event: under NORMALISE a line ended by a
  * bare CR is known only when the next octet arrives, which is not consumed); a host loops while
@@ -288,8 +290,8 @@ SMTPE_EXTERN int smtpe_server_next_event(smtpe_server *s, smtpe_event *ev);
 /* Gives the verdict for the event that needs one: a reply with reply code code (200..599),
  * enhanced status code enhanced ("5.1.1"; NULL: derived from the code class as "x.0.0"; only
  * sent when ENHANCEDSTATUSCODES is on) and text (NUL-terminated; NULL: a default text; '\n'
- * separates the lines of a multi-line reply; no other control characters; each line at most 400
- * octets, all lines at most 2048). The reply goes out in order after earlier replies. Meaning:
+ * separates the lines of a multi-line reply; no other control characters but HT; at most 32
+ * lines, each at most 400 octets, all at most 2048). The reply goes out in order after earlier replies. Meaning:
  * HELO 2xx opens the session (and resets any transaction); MAIL 2xx starts a transaction; RCPT
  * 2xx adds a recipient; DATA takes 354 (content follows) or 4xx/5xx; DATA_END any code ends the
  * transaction. A 421 from the host closes the session after it is sent.

@@ -590,7 +590,11 @@ static void test_length_limits(void **state)
              "ccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc",
              "ddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddd");
     assert_int_equal(strlen(dom189), 189);
-    snprintf(dom190, sizeof dom190, "%s%s", "e", dom189);
+    /* one octet more, still in labels of at most 63 octets (RFC 1035 §2.3.4) */
+    snprintf(dom190, sizeof dom190, "%.63s.%.63s.%.62s",
+             "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb",
+             "ccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc",
+             "dddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddd");
     assert_int_equal(strlen(dom190), 190);
     snprintf(dom255, sizeof dom255, "%.63s.%.63s.%.63s.%.63s",
              "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb",
@@ -598,11 +602,27 @@ static void test_length_limits(void **state)
              "ddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddd",
              "eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee");
     assert_int_equal(strlen(dom255), 255);
-    snprintf(dom256, sizeof dom256, "f%s", dom255);
+    snprintf(dom256, sizeof dom256, "f.%.62s.%.63s.%.63s.%.63s",
+             "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb",
+             "ccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc",
+             "ddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddd",
+             "eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee");
     assert_int_equal(strlen(dom256), 256);
 
     char in[600];
     path_case c;
+
+    /* a label of 63 octets is fine, 64 is not (RFC 1035 §2.3.4) */
+    smtpe_path label_path;
+    size_t label_used;
+    snprintf(in, sizeof in, "<a@%.63s.org>", dom255);
+    assert_int_equal(smtpe__parse_path((const uint8_t *)in, strlen(in), 0, &label_path,
+                                       &label_used),
+                     SMTPE__PATH_OK);
+    assert_int_equal(label_path.domain.len, 67);
+    snprintf(in, sizeof in, "<a@x%.63s.org>", dom255);
+    c = (path_case)BAD(in, 0, SMTPE__PATH_SYNTAX);
+    assert_true(run_case(&c));
 
     /* local-part of exactly 64: fine */
     snprintf(in, sizeof in, "<%s@x.org>", local64);

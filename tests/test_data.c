@@ -40,7 +40,7 @@ static void run_data(smtpe_line_ending_policy pol, uint64_t max, const uint8_t *
     r->end_pos = NO_END;
     smtpe__data d;
     memset(&d, 0xa5, sizeof d);
-    smtpe__data_start(&d, pol, max);
+    smtpe__data_start(&d, pol, max, 1);
     size_t base = 0, ci = 0;
     while (base < n && r->end_pos == NO_END && !r->why[0]) {
         size_t len;

@@ -154,11 +154,22 @@ static void test_reply_text_valid(void **state)
     assert_int_equal(text_valid("<a@example.org>... Recipient ok; [x] {y} ~!"), 1);
     assert_int_equal(text_valid("a\rb"), 0);
     assert_int_equal(text_valid("a\r\nb"), 0);
-    assert_int_equal(text_valid("a\tb"), 0);
+    assert_int_equal(text_valid("a\tb"), 1); /* RFC 5321 §4.2 textstring allows HT */
     assert_int_equal(text_valid("a\x01" "b"), 0);
     assert_int_equal(text_valid("a\x1b" "b"), 0);
     assert_int_equal(text_valid("a\x7f" "b"), 0);
     assert_int_equal(smtpe__reply_text_valid("a\0b", 3), 0);
+
+    /* at most 32 lines */
+    static char lines[80];
+    memset(lines, '\n', 31);
+    lines[31] = 0;
+    assert_int_equal(text_valid(lines), 1);
+    lines[31] = '\n';
+    lines[32] = 0;
+    assert_int_equal(text_valid(lines), 0);
+    assert_int_equal(smtpe__reply_text_check(lines, 32), 2);
+    assert_int_equal(smtpe__reply_text_check("a\x01", 2), 1);
 
     /* each line at most 400 octets */
     static char t[4000];

@@ -674,13 +674,21 @@ static void test_command_timeout(void **state)
     assert_int_equal(smtpe_server_expiry(t.s), 301000);
     assert_int_equal(smtpe_server_handle_expiry(t.s, 300999), 0);
     ts_expect(&t, "");
-    /* input restarts the timer, also a partial line */
+    /* a partial line does not restart the timer (a client dripping one octet at a time
+     * still gets command_timeout_ms for the whole line); a complete line does */
     t.now = 2000;
     assert_int_equal(ts_recv(&t, "NOO"), 3);
-    assert_int_equal(smtpe_server_expiry(t.s), 302000);
-    assert_int_equal(smtpe_server_handle_expiry(t.s, 301999), 0);
+    assert_int_equal(smtpe_server_expiry(t.s), 301000);
+    t.now = 3000;
+    assert_int_equal(ts_recv(&t, "P\r\n"), 3);
+    ts_expect(&t, "250 2.0.0 Ok\r\n");
+    assert_int_equal(smtpe_server_expiry(t.s), 303000);
+    t.now = 4000;
+    assert_int_equal(ts_recv(&t, "NOO"), 3);
+    assert_int_equal(smtpe_server_expiry(t.s), 303000);
+    assert_int_equal(smtpe_server_handle_expiry(t.s, 302999), 0);
     ts_expect(&t, "");
-    assert_int_equal(smtpe_server_handle_expiry(t.s, 302000), 1);
+    assert_int_equal(smtpe_server_handle_expiry(t.s, 303000), 1);
     ts_expect(&t, "421 4.4.2 mx.example Timeout exceeded\r\n");
     smtpe_event ev;
     assert_int_equal(smtpe_server_next_event(t.s, &ev), 1);

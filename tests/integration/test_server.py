@@ -1449,7 +1449,7 @@ class TestServer(Base):
         qid = self.finish_data(c, b"x\r\n")
         self.assertEqual(self.stored_by_qid(srv, qid).return_path, ("<%s>" % mailbox).encode())
         c.cmd("MAIL FROM:<%s>" % ("l" * 65 + "@example.org"), "501 5.1.7 Path too long")
-        c.cmd("MAIL FROM:<%s>" % ("l" * 64 + "@g" + domain), "501 5.1.7 Path too long")
+        c.cmd("MAIL FROM:<%s>" % ("l" * 64 + "@g." + domain), "501 5.1.7 Path too long")
 
     def test_no_header_injection_through_the_envelope(self):
         # under "keep" a bare CR/LF/NUL stays in the command line; it must fail the syntax
