@@ -10,7 +10,7 @@
  * Oracles:
  *   - smtpe__enhanced_valid agrees with a reference of RFC 3463 §2 (class 2/4/5 equal to the
  *     code's first digit, subject and detail 1..3 digits);
- *   - a text smtpe__reply_text_valid accepts has no control octet but '\n', lines of at most
+ *   - a text smtpe__reply_text_valid accepts has no control octet but HT and '\n', lines of at most
  *     400 octets and at most 2048 octets in all;
  *   - smtpe__reply_format never writes past cap (ASan) and returns 0..cap; for a valid code,
  *     enhanced code and text its output is one line per text line, each "ddd-" but the last
@@ -94,7 +94,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         size_t line = 0;
         for (size_t i = 0; i < tlen; i++) {
             unsigned char ch = (unsigned char)text[i];
-            FUZZ_CHECK(ch >= 0x20 || ch == '\n', "a control octet in valid text");
+            FUZZ_CHECK((ch >= 0x20 && ch != 0x7f) || ch == '\n' || ch == '\t',
+                       "a control octet in valid text");
             line = ch == '\n' ? 0 : line + 1;
             FUZZ_CHECK(line <= SMTPE__REPLY_TEXT_MAX, "valid text with a line over 400 octets");
         }

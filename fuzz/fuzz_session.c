@@ -713,7 +713,8 @@ static void check_output(const uint8_t *p, size_t n)
                        p[i + 2] >= '0' && p[i + 2] <= '9' && (p[i + 3] == ' ' || p[i + 3] == '-'),
                    "reply line does not match ^[2-5][0-9][0-9][ -]");
         for (size_t x = i; x < j; x++)
-            FUZZ_CHECK(p[x] >= 0x20, "control octet inside a reply line");
+            FUZZ_CHECK((p[x] >= 0x20 && p[x] != 0x7f) || p[x] == '\t',
+                       "control octet inside a reply line (RFC 5321 4.2: HT allowed)");
         unsigned code = (unsigned)(p[i] - '0') * 100 + (unsigned)(p[i + 1] - '0') * 10 +
                         (unsigned)(p[i + 2] - '0');
         if (open)
