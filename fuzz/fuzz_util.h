@@ -108,18 +108,24 @@ static inline void fz_unstuff(fz_buf *out, const uint8_t *p, size_t n)
     }
 }
 
-/* The end of data: the offset just past the first CR LF . CR LF in p[0..n), where p is
+/* The end of data: the offset just past the first CR LF . CR LF in p[0..n). at_line_start: p is
  * preceded by the CRLF that ended the DATA line (so ".\r\n" at p[0] ends it too). Returns the
  * offset in p, or -1 if p holds no end of data. */
-static inline long fz_end_of_data(const uint8_t *p, size_t n)
+static inline long fz_end_of_data_from(const uint8_t *p, size_t n, int at_line_start)
 {
     for (size_t i = 0; i + 3 <= n; i++) {
         if (p[i] != '.' || p[i + 1] != '\r' || p[i + 2] != '\n')
             continue;
-        if (i == 0 || (i >= 2 && p[i - 2] == '\r' && p[i - 1] == '\n'))
+        if ((i == 0 && at_line_start) || (i >= 2 && p[i - 2] == '\r' && p[i - 1] == '\n'))
             return (long)(i + 3);
     }
     return -1;
+}
+
+/* The same, for content right after a DATA line that ended in CRLF. */
+static inline long fz_end_of_data(const uint8_t *p, size_t n)
+{
+    return fz_end_of_data_from(p, n, 1);
 }
 
 /* 1 if a chunk that is not in the fed octets is what the engine may hand out from static
