@@ -247,8 +247,9 @@ typedef struct smtpe_server smtpe_server;
 /* Octets of memory one session needs for cfg: a fixed size, never growing. It is
  *   S + (max_line_length - 2) + max(reply_buffer_size, R + 600)
  * where S is the session struct (under 1 KiB, rounded to max_align_t), 600 octets are kept for a
- * final 421/221 line, and R = max(2560, the EHLO reply's bound 246 + strlen(hostname) +
- * sum(6 + strlen(ehlo_extra[i]))) is the room one reply may need. With the defaults: about
+ * final 421/221 line, and R = max(2560, the EHLO reply's bound 646 (a first line of up to 400
+ * octets and the built-in extensions) + sum(6 + strlen(ehlo_extra[i]))) is the room one reply
+ * may need. With the defaults: about
  * 1 KiB + 510 + 4096 octets. Returns 0 if cfg is invalid. */
 SMTPE_EXTERN size_t smtpe_server_memory_size(const smtpe_server_config *cfg);
 
