@@ -102,6 +102,9 @@ static const struct {
     {"RCPT", SMTPE__VERB_RCPT}, {"DATA", SMTPE__VERB_DATA}, {"RSET", SMTPE__VERB_RSET},
     {"NOOP", SMTPE__VERB_NOOP}, {"QUIT", SMTPE__VERB_QUIT}, {"VRFY", SMTPE__VERB_VRFY},
     {"EXPN", SMTPE__VERB_EXPN}, {"HELP", SMTPE__VERB_HELP},
+    {"STARTTLS", SMTPE__VERB_STARTTLS}, {"AUTH", SMTPE__VERB_AUTH},
+    {"BDAT", SMTPE__VERB_BDAT}, {"LHLO", SMTPE__VERB_LHLO},
+    {"XCLIENT", SMTPE__VERB_XCLIENT}, {"XFORWARD", SMTPE__VERB_XFORWARD},
 };
 
 smtpe__verb smtpe__command_split(const uint8_t *line, size_t n, smtpe_span *verb,
@@ -117,10 +120,8 @@ smtpe__verb smtpe__command_split(const uint8_t *line, size_t n, smtpe_span *verb
     verb->len = v;
     argument->ptr = line + a;
     argument->len = n - a;
-    if (v != 4)
-        return SMTPE__VERB_UNKNOWN;
     for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++)
-        if (smtpe__has_prefix_ci(line, v, verbs[i].name))
+        if (strlen(verbs[i].name) == v && smtpe__has_prefix_ci(line, v, verbs[i].name))
             return verbs[i].verb;
     return SMTPE__VERB_UNKNOWN;
 }
@@ -182,4 +183,42 @@ int smtpe__parse_u64(smtpe_span s, uint64_t *v)
     }
     *v = r;
     return 0;
+}
+
+static int hex_value(uint8_t c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    return -1;
+}
+
+int smtpe__xtext_decode(uint8_t *p, size_t n, size_t *out_len)
+{
+    size_t o = 0;
+    int control = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint8_t c = p[i];
+        if (c == '+') {
+            int hi, lo;
+            if (n - i < 3)
+                return SMTPE__XTEXT_SYNTAX;
+            hi = hex_value(p[i + 1]);
+            lo = hex_value(p[i + 2]);
+            if (hi < 0 || lo < 0)
+                return SMTPE__XTEXT_SYNTAX;
+            c = (uint8_t)(hi << 4 | lo);
+            i += 2;
+            if (c < 0x20 || c == 0x7f)
+                control = 1;
+        } else if (c == '=' || c < 33 || c == 0x7f) {
+            return SMTPE__XTEXT_SYNTAX;
+        }
+        p[o++] = c;
+    }
+    *out_len = o;
+    return control ? SMTPE__XTEXT_CONTROL : SMTPE__XTEXT_OK;
 }

@@ -39,7 +39,13 @@ typedef enum smtpe__verb {
     SMTPE__VERB_QUIT,
     SMTPE__VERB_VRFY,
     SMTPE__VERB_EXPN,
-    SMTPE__VERB_HELP
+    SMTPE__VERB_HELP,
+    SMTPE__VERB_STARTTLS, /* RFC 3207 */
+    SMTPE__VERB_AUTH,     /* RFC 4954 */
+    SMTPE__VERB_BDAT,     /* RFC 3030 */
+    SMTPE__VERB_LHLO,     /* RFC 2033 */
+    SMTPE__VERB_XCLIENT,  /* Postfix XCLIENT_README */
+    SMTPE__VERB_XFORWARD  /* Postfix XFORWARD_README */
 } smtpe__verb;
 
 /* Splits a line into its verb (up to the first SP, compared without regard to case) and the
@@ -59,6 +65,16 @@ int smtpe__has_prefix_ci(const uint8_t *p, size_t n, const char *prefix);
  * the first keyword (leading SPs are skipped, trailing ones ignored). Fills out[0..*count), spans
  * into p. Values may hold non-ASCII octets (RFC 6531 §3.3); the caller checks them. */
 int smtpe__parse_params(const uint8_t *p, size_t n, smtpe_param *out, size_t max, size_t *count);
+
+/* Results of smtpe__xtext_decode. */
+#define SMTPE__XTEXT_OK 0
+#define SMTPE__XTEXT_SYNTAX 1  /* an octet that is not xchar, or "+" without two hex digits */
+#define SMTPE__XTEXT_CONTROL 2 /* it decodes to a control octet (CR, LF, NUL, ... or DEL) */
+
+/* Decodes xtext (RFC 3461 §4: xchar is "!".."~" but "+" and "="; "+" HEX HEX is that octet;
+ * lower-case hex digits are tolerated) in place: p[0..n) becomes p[0..*out_len). Octets above
+ * 127 are kept as they are (RFC 6531 allows UTF-8 in parameter values; the caller checks). */
+int smtpe__xtext_decode(uint8_t *p, size_t n, size_t *out_len);
 
 /* Parses an unsigned decimal of 1..20 digits without overflow. Returns 0 and *v, or -1. */
 int smtpe__parse_u64(smtpe_span s, uint64_t *v);

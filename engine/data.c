@@ -257,3 +257,106 @@ size_t smtpe__data_feed(smtpe__data *d, const uint8_t *p, size_t n, smtpe_span *
     chunk->len = run;
     return i;
 }
+
+/* ------------------------------------------------------------------------------------------
+ * BDAT (RFC 3030). States used: DS_MID, DS_CR (NORMALISE: a CR went out, its LF may follow) and
+ * DS_CR_HELD (REFUSE: a CR held back until its LF arrives).
+ * ---------------------------------------------------------------------------------------- */
+
+void smtpe__bdat_start(smtpe__data *d, smtpe_line_ending_policy policy, uint64_t max_size,
+                       int binary)
+{
+    d->state = DS_MID;
+    d->policy = binary ? SMTPE_LINE_ENDING_KEEP : policy;
+    d->max_size = max_size;
+    d->size = 0;
+    d->status = SMTPE_DATA_OK;
+    d->flags = 0;
+}
+
+static void out_span(smtpe_span *chunk, const uint8_t *p, size_t ok)
+{
+    chunk->ptr = p;
+    chunk->len = ok;
+}
+
+size_t smtpe__bdat_feed(smtpe__data *d, const uint8_t *p, size_t n, smtpe_span *chunk)
+{
+    int norm = d->policy == SMTPE_LINE_ENDING_NORMALISE;
+    uint8_t high = 0;
+    size_t i = 0;
+    out_span(chunk, p, 0);
+    if (n == 0)
+        return 0;
+    if (d->policy == SMTPE_LINE_ENDING_KEEP) {
+        for (; i < n; i++)
+            high |= p[i];
+        if (high & 0x80)
+            d->flags |= SMTPE_DATA_HAS_8BIT;
+        out_span(chunk, p, account(d, n));
+        return n;
+    }
+    if (d->state == DS_CR_HELD) { /* REFUSE: the CR that ended the previous input */
+        d->state = DS_MID;
+        if (p[0] == '\n') {
+            out_span(chunk, crlf, account(d, 2));
+            return 1;
+        }
+        refuse(d); /* it was bare; p[0] is looked at below */
+    } else if (d->state == DS_CR) { /* NORMALISE: the CR went out already */
+        d->state = DS_MID;
+        if (p[0] != '\n') {
+            d->flags |= SMTPE_DATA_NORMALISED;
+            out_span(chunk, crlf + 1, account(d, 1));
+            return 0; /* p[0] is looked at again in the next call */
+        }
+        i = 1; /* its LF is content */
+    }
+    while (i < n) {
+        uint8_t c = p[i];
+        if (c != '\r' && c != '\n' && c != 0) {
+            high |= c;
+            i++;
+        } else if (c == '\r' && n - i >= 2 && p[i + 1] == '\n') {
+            i += 2;
+        } else {
+            break;
+        }
+    }
+    if (high & 0x80)
+        d->flags |= SMTPE_DATA_HAS_8BIT;
+    if (i > 0) {
+        out_span(chunk, p, account(d, i));
+        return i;
+    }
+    /* p[0] is a CR at the end of the input, a bare CR, a bare LF or a NUL */
+    if (p[0] == '\r' && n == 1) {
+        if (norm) {
+            d->state = DS_CR;
+            out_span(chunk, p, account(d, 1));
+        } else {
+            d->state = DS_CR_HELD;
+        }
+        return 1;
+    }
+    if (!norm) {
+        refuse(d);
+        return 1;
+    }
+    d->flags |= SMTPE_DATA_NORMALISED;
+    if (p[0] != 0)
+        out_span(chunk, crlf, account(d, 2));
+    return 1;
+}
+
+void smtpe__bdat_end(smtpe__data *d, smtpe_span *chunk)
+{
+    out_span(chunk, crlf, 0);
+    if (d->state == DS_CR_HELD) {
+        refuse(d);
+    } else if (d->state == DS_CR) {
+        d->flags |= SMTPE_DATA_NORMALISED;
+        out_span(chunk, crlf + 1, account(d, 1));
+    }
+    d->state = DS_MID;
+}

@@ -2,7 +2,10 @@
  *
  * RFC 5321 §3 (transactions), §4.1 (commands), §4.2 (replies), §4.3.2 (sequencing),
  * §4.5.3 (limits and timeouts); RFC 1870 (SIZE), RFC 6152 (8BITMIME), RFC 2920 (PIPELINING),
- * RFC 2034 / RFC 3463 (enhanced status codes), RFC 6531 (SMTPUTF8).
+ * RFC 2034 / RFC 3463 (enhanced status codes), RFC 6531 (SMTPUTF8), RFC 3207 (STARTTLS),
+ * RFC 4954 (AUTH), RFC 3030 (CHUNKING, BINARYMIME), RFC 3461 (DSN), RFC 2033 (LMTP),
+ * RFC 8689 (REQUIRETLS), RFC 6710 (MT-PRIORITY), RFC 2852 (DELIVERBY), the PROXY protocol and
+ * Postfix's XCLIENT / XFORWARD.
  *
  * One event slot: the engine stops consuming input as soon as it has an event for the host,
  * and while a verdict is pending, so every span it hands out stays valid as documented and the
@@ -10,7 +13,9 @@
 #include "address.h"
 #include "command.h"
 #include "data.h"
+#include "proxy.h"
 #include "reply.h"
+#include "sasl.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,7 +24,19 @@
 #define CLOSE_RESERVE 600 /* room always kept for one final 421 / 221 line */
 #define HOST_TEXT_MAX 320 /* hostname (<= 255) plus a short phrase */
 
-enum { MODE_COMMAND, MODE_DATA };
+enum {
+    MODE_COMMAND,   /* command lines (or SASL responses while auth is not AUTH_NONE) */
+    MODE_DATA,      /* DATA content up to CRLF.CRLF */
+    MODE_BDAT,      /* the octets of an accepted BDAT chunk */
+    MODE_BDAT_SKIP, /* the octets of a refused BDAT chunk, swallowed before its reply */
+    MODE_TLS_WAIT,  /* STARTTLS accepted: input is discarded until TLS is up */
+    MODE_PROXY      /* reading the PROXY header */
+};
+/* Where an AUTH exchange stands. */
+enum { AUTH_NONE, AUTH_PLAIN_WAIT, AUTH_LOGIN_USER, AUTH_LOGIN_PASS, AUTH_OTHER, AUTH_OTHER_WAIT };
+#define AUTH_USER_MAX 255  /* LOGIN user name kept between its two lines */
+#define AUTH_MECH_MAX 20   /* RFC 4422 §3.1 */
+#define LMTP_REPLY_ROOM 512 /* octets reserved per recipient for LMTP's per-recipient replies */
 enum { HELO_NONE, HELO_SMTP, HELO_ESMTP };
 
 struct smtpe_server {
@@ -31,7 +48,27 @@ struct smtpe_server {
     int closing;                 /* a final reply is queued; no more input */
     int in_transaction;          /* MAIL accepted */
     int smtputf8;                /* the transaction's MAIL carried SMTPUTF8 */
+    int binarymime;              /* the transaction's MAIL carried BODY=BINARYMIME */
+    int bdat_started;            /* the transaction has had a BDAT chunk */
     unsigned rcpts;              /* recipients accepted in this transaction */
+    int tls;                     /* TLS is up */
+    int trusted;                 /* XCLIENT / XFORWARD allowed */
+    int authenticated;
+    int auth;                    /* AUTH_* */
+    int auth_mech_id;            /* SMTPE_SASL_* of the exchange */
+    unsigned auth_step;
+    size_t auth_mech_len, auth_user_len;
+    uint8_t auth_mech[AUTH_MECH_MAX];
+    uint8_t auth_user[AUTH_USER_MAX];
+    uint64_t bdat_left;          /* octets of the current chunk still to come */
+    uint64_t bdat_size;          /* the current chunk's size */
+    int bdat_last;               /* the current chunk has LAST */
+    int bdat_ending;             /* the chunk is complete; its end is due once the host has
+                                    taken the last DATA_CHUNK */
+    unsigned skip_code;          /* the reply owed for a swallowed chunk */
+    const char *skip_enhanced, *skip_text;
+    unsigned lmtp_left;          /* LMTP: DATA_END verdicts still owed */
+    smtpe__proxy proxy;
     int event_ready;             /* ev holds an event not yet taken */
     smtpe_event_type verdict;    /* event awaiting the host's verdict, or SMTPE_EV_NONE */
     int timer_restart;           /* a verdict came: restart the timer at the next clock */
@@ -76,10 +113,34 @@ static int printable(const char *t, size_t max)
     return 1;
 }
 
+static int is_mech_char(char ch)
+{
+    return (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '-' || ch == '_';
+}
+
+/* auth_mechanisms: names of 1..20 of A-Z 0-9 - _ separated by single spaces, 200 octets at
+ * most (RFC 4422 §3.1). */
+static int mechanisms_valid(const char *m)
+{
+    size_t run = 0, n = 0;
+    for (; m[n]; n++) {
+        if (m[n] == ' ') {
+            if (run == 0)
+                return 0;
+            run = 0;
+        } else if (!is_mech_char(m[n]) || ++run > AUTH_MECH_MAX) {
+            return 0;
+        }
+    }
+    return run > 0 && n <= 200;
+}
+
 static int config_valid(const smtpe_server_config *c)
 {
     if (!c->hostname || !c->hostname[0] || !printable(c->hostname, 255) || !c->greeting_text ||
         !printable(c->greeting_text, 200))
+        return 0;
+    if (c->auth_mechanisms && !mechanisms_valid(c->auth_mechanisms))
         return 0;
     if (c->max_line_length < 512 || c->max_line_length > 65536 || c->max_recipients == 0 ||
         c->reply_buffer_size < 2048 || c->reply_buffer_size > 1048576 ||
@@ -95,7 +156,8 @@ static int config_valid(const smtpe_server_config *c)
 /* Upper bound of the EHLO reply in octets. */
 static size_t ehlo_size(const smtpe_server_config *c)
 {
-    size_t n = 6 + SMTPE__REPLY_TEXT_MAX + 6 * 40; /* the first line: hostname or host text */
+    /* the first line (host text up to 400 octets) and the built-in keyword lines */
+    size_t n = 1100 + (c->auth_mechanisms ? strlen(c->auth_mechanisms) : 0);
     for (size_t i = 0; i < c->ehlo_extra_count; i++)
         n += 6 + strlen(c->ehlo_extra[i]);
     return n;
@@ -118,6 +180,8 @@ static int layout_of(const smtpe_server_config *c, layout *l)
     l->out_cap = c->reply_buffer_size;
     if (l->out_cap < l->reserve + CLOSE_RESERVE)
         l->out_cap = l->reserve + CLOSE_RESERVE;
+    if (c->lmtp) /* room for one reply per recipient after the content (RFC 2033 §4.2) */
+        l->out_cap += (size_t)c->max_recipients * LMTP_REPLY_ROOM;
     l->total = l->head + l->line_cap + l->out_cap;
     return 1;
 }
@@ -198,7 +262,7 @@ static void close_with(smtpe_server *s, unsigned code, const char *enhanced, con
 
 static int is_error_code(unsigned code)
 {
-    return (code >= 500 && code <= 504) || code == 555;
+    return (code >= 500 && code <= 504) || code == 555 || code == 535;
 }
 
 /* Queues a reply, counting protocol errors (RFC 5321 §4.2.2 500-504, RFC 1869 555) against
@@ -242,6 +306,11 @@ static void session_setup(smtpe_server *s, const smtpe_server_config *cfg, const
     s->out_cap = l->out_cap;
     s->reserve = l->reserve;
     s->last_activity = now_ms;
+    if (cfg->proxy_protocol) { /* the greeting waits for the PROXY header and the verdict */
+        s->mode = MODE_PROXY;
+        smtpe__proxy_start(&s->proxy);
+        return;
+    }
     n = snprintf(buf, sizeof buf, "%s %s", cfg->hostname, cfg->greeting_text);
     (void)out_reply(s, 220, NULL, buf, (size_t)n, 0); /* RFC 5321 §4.2: no enhanced code */
 }
@@ -296,7 +365,31 @@ static void reset_transaction(smtpe_server *s)
 {
     s->in_transaction = 0;
     s->smtputf8 = 0;
+    s->binarymime = 0;
+    s->bdat_started = 0;
     s->rcpts = 0;
+}
+
+/* Forgets the SASL exchange and wipes the credentials it decoded (RFC 4954 §4 responses live
+ * in the line buffer; the LOGIN user name in auth_user). */
+static void auth_end(smtpe_server *s)
+{
+    volatile uint8_t *p = s->line.buf;
+    for (size_t i = 0; i < s->line.len; i++)
+        p[i] = 0;
+    p = s->auth_user;
+    for (size_t i = 0; i < sizeof s->auth_user; i++)
+        p[i] = 0;
+    s->auth = AUTH_NONE;
+    s->auth_user_len = 0;
+}
+
+/* The greeting: 220 <hostname> <text> (RFC 5321 §4.2, §3.1). */
+static int greeting(smtpe_server *s, const char *text)
+{
+    char buf[512];
+    int n = snprintf(buf, sizeof buf, "%s %s", s->cfg->hostname, text);
+    return out_reply(s, 220, NULL, buf, n < 0 ? 0 : (size_t)n >= sizeof buf ? sizeof buf - 1 : (size_t)n, 0);
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -318,17 +411,26 @@ static smtpe_span trim_right(smtpe_span a)
     return a;
 }
 
-/* §4.1.1.1: EHLO / HELO. Either one resets the transaction. */
-static void cmd_helo(smtpe_server *s, smtpe_span arg, int esmtp)
+/* §4.1.1.1: EHLO / HELO, and RFC 2033 §4.1 LHLO. Each resets the transaction. */
+static void cmd_helo(smtpe_server *s, smtpe_span arg, smtpe__verb v)
 {
+    int esmtp = v != SMTPE__VERB_HELO;
     arg = trim_right(arg);
+    if (s->cfg->lmtp && v != SMTPE__VERB_LHLO) {
+        reply(s, 500, "5.5.1", "Use LHLO");
+        return;
+    }
     if (arg.len == 0 || has_control(arg)) {
-        reply(s, 501, "5.5.4", esmtp ? "Syntax: EHLO hostname" : "Syntax: HELO hostname");
+        reply(s, 501, "5.5.4",
+              v == SMTPE__VERB_LHLO ? "Syntax: LHLO hostname"
+              : esmtp               ? "Syntax: EHLO hostname"
+                                    : "Syntax: HELO hostname");
         return;
     }
     reset_transaction(s);
     s->ev.helo.domain = arg;
     s->ev.helo.esmtp = esmtp;
+    s->ev.helo.lmtp = v == SMTPE__VERB_LHLO;
     raise_event(s, SMTPE_EV_HELO);
 }
 
@@ -391,51 +493,250 @@ static int has_8bit(smtpe_span a)
     return 0;
 }
 
-/* Interprets MAIL parameters left to right (RFC 1870 SIZE, RFC 6152 BODY, RFC 6531
- * SMTPUTF8). Returns 0, or -1 after replying. */
-static int mail_params(smtpe_server *s)
+/* Decodes the xtext value of a parameter in place (RFC 3461 §4), updating the span. Returns 0,
+ * or -1 if it is malformed or decodes to a control octet (CR, LF, NUL: Exim CVE-2020-28021). */
+static int xtext_value(smtpe_span *v)
+{
+    size_t n;
+    if (smtpe__xtext_decode((uint8_t *)v->ptr, v->len, &n) != SMTPE__XTEXT_OK)
+        return -1;
+    v->len = n;
+    return 0;
+}
+
+/* 1 if s is an optional sign and 1..max digits; the value goes to *v. */
+static int parse_signed(smtpe_span a, size_t max, int64_t *v)
+{
+    int neg = 0;
+    uint64_t u;
+    if (a.len > 0 && (a.ptr[0] == '-' || a.ptr[0] == '+')) {
+        neg = a.ptr[0] == '-';
+        a.ptr++, a.len--;
+    }
+    if (a.len == 0 || a.len > max || smtpe__parse_u64(a, &u) != 0)
+        return 0;
+    *v = neg ? -(int64_t)u : (int64_t)u;
+    return 1;
+}
+
+/* BY=<by-time>;<by-mode>[T] (RFC 2852 §4: by-time up to 9 digits, mode R or N). */
+static int parse_by(smtpe_server *s, smtpe_span v)
+{
+    size_t semi = 0;
+    int64_t t;
+    while (semi < v.len && v.ptr[semi] != ';')
+        semi++;
+    if (semi == v.len || !parse_signed((smtpe_span){v.ptr, semi}, 9, &t))
+        return 0;
+    v.ptr += semi + 1, v.len -= semi + 1;
+    if (v.len < 1 || v.len > 2 || (v.ptr[0] != 'R' && v.ptr[0] != 'r' && v.ptr[0] != 'N' &&
+                                   v.ptr[0] != 'n'))
+        return 0;
+    if (v.len == 2 && v.ptr[1] != 'T' && v.ptr[1] != 't')
+        return 0;
+    s->ev.mail.by_time = t;
+    s->ev.mail.by_mode = (v.ptr[0] == 'R' || v.ptr[0] == 'r') ? 'R' : 'N';
+    s->ev.mail.by_trace = v.len == 2;
+    return 1;
+}
+
+static int auth_offered(const smtpe_server *s)
+{
+    return s->cfg->auth_mechanisms && (s->tls || s->cfg->auth_without_tls);
+}
+
+/* The extensions in force for this session: those configured, less the ones that need EHLO
+ * or a state the session is not in. */
+static unsigned session_ext(const smtpe_server *s)
 {
     unsigned ext = s->helo == HELO_ESMTP ? s->cfg->extensions : 0;
-    unsigned seen = 0;
-    for (size_t i = 0; i < s->ev.mail.param_count; i++) {
-        smtpe_span k = s->ev.mail.params[i].keyword, v = s->ev.mail.params[i].value;
-        unsigned bit;
-        int bad;
-        if (span_is(k, "SIZE") && (ext & SMTPE_EXT_SIZE)) {
-            bit = 1, bad = smtpe__parse_u64(v, &s->ev.mail.size) != 0;
-            s->ev.mail.has_size = 1;
-        } else if (span_is(k, "BODY") && (ext & SMTPE_EXT_8BITMIME)) {
-            bit = 2, bad = 0;
-            if (span_is(v, "7BIT"))
-                s->ev.mail.body = SMTPE_BODY_7BIT;
-            else if (span_is(v, "8BITMIME"))
-                s->ev.mail.body = SMTPE_BODY_8BITMIME;
-            else
-                bad = 1;
-        } else if (span_is(k, "SMTPUTF8") && (ext & SMTPE_EXT_SMTPUTF8)) {
-            bit = 4, bad = v.len != 0;
-            s->ev.mail.smtputf8 = 1;
-        } else {
-            reply(s, 555, "5.5.4", "Unsupported parameter");
-            return -1;
-        }
-        if (seen & bit) {
-            reply(s, 501, "5.5.4", "Duplicate parameter");
-            return -1;
-        }
-        seen |= bit;
-        if (bad) {
-            reply(s, 501, "5.5.4", "Malformed parameter");
-            return -1;
-        }
+    if (!s->tls)
+        ext &= ~SMTPE_EXT_REQUIRETLS;
+    if (s->tls)
+        ext &= ~SMTPE_EXT_STARTTLS;
+    if (!(ext & SMTPE_EXT_CHUNKING))
+        ext &= ~SMTPE_EXT_BINARYMIME;
+    if (!s->trusted)
+        ext &= ~(SMTPE_EXT_XCLIENT | SMTPE_EXT_XFORWARD);
+    return ext;
+}
+
+/* Interprets one MAIL parameter (RFC 1870 SIZE, RFC 6152 / RFC 3030 BODY, RFC 6531 SMTPUTF8,
+ * RFC 4954 §5 AUTH, RFC 3461 RET / ENVID, RFC 8689 REQUIRETLS, RFC 6710 MT-PRIORITY,
+ * RFC 2852 BY). Returns its bit (for duplicates), 0 if not offered, or -1 if malformed. */
+static int mail_param(smtpe_server *s, unsigned ext, smtpe_param *pm)
+{
+    smtpe_span k = pm->keyword, v = pm->value;
+    int64_t n;
+    if (span_is(k, "SIZE") && (ext & SMTPE_EXT_SIZE)) {
+        s->ev.mail.has_size = 1;
+        return smtpe__parse_u64(v, &s->ev.mail.size) == 0 ? 1 << 0 : -1;
     }
-    for (size_t i = 0; i < s->ev.mail.param_count; i++) {
-        if (!s->ev.mail.smtputf8 && has_8bit(s->ev.mail.params[i].value)) {
+    if (span_is(k, "BODY") && (ext & SMTPE_EXT_8BITMIME)) {
+        if (span_is(v, "7BIT"))
+            s->ev.mail.body = SMTPE_BODY_7BIT;
+        else if (span_is(v, "8BITMIME"))
+            s->ev.mail.body = SMTPE_BODY_8BITMIME;
+        else if (span_is(v, "BINARYMIME") && (ext & SMTPE_EXT_BINARYMIME))
+            s->ev.mail.body = SMTPE_BODY_BINARYMIME;
+        else
+            return -1;
+        return 1 << 1;
+    }
+    if (span_is(k, "SMTPUTF8") && (ext & SMTPE_EXT_SMTPUTF8)) {
+        s->ev.mail.smtputf8 = 1;
+        return v.len == 0 ? 1 << 2 : -1;
+    }
+    if (span_is(k, "AUTH") && auth_offered(s) && s->helo == HELO_ESMTP) {
+        s->ev.mail.has_auth = 1;
+        if (span_is(v, "<>"))
+            v.len = 0;
+        else if (v.len == 0 || xtext_value(&v) != 0)
+            return -1;
+        s->ev.mail.auth = pm->value = v;
+        return 1 << 3;
+    }
+    if (span_is(k, "RET") && (ext & SMTPE_EXT_DSN)) {
+        if (span_is(v, "FULL"))
+            s->ev.mail.ret = SMTPE_RET_FULL;
+        else if (span_is(v, "HDRS"))
+            s->ev.mail.ret = SMTPE_RET_HDRS;
+        else
+            return -1;
+        return 1 << 4;
+    }
+    if (span_is(k, "ENVID") && (ext & SMTPE_EXT_DSN)) {
+        if (v.len == 0 || xtext_value(&v) != 0 || v.len > 100 || has_8bit(v))
+            return -1; /* RFC 3461 §4.4: at most 100 printable US-ASCII characters */
+        s->ev.mail.has_envid = 1;
+        s->ev.mail.envid = pm->value = v;
+        return 1 << 5;
+    }
+    if (span_is(k, "REQUIRETLS") && (ext & SMTPE_EXT_REQUIRETLS)) {
+        s->ev.mail.requiretls = 1;
+        return v.len == 0 ? 1 << 6 : -1;
+    }
+    if (span_is(k, "MT-PRIORITY") && (ext & SMTPE_EXT_MT_PRIORITY)) {
+        if (!parse_signed(v, 1, &n)) /* RFC 6710 §3: -9..9 */
+            return -1;
+        s->ev.mail.has_mt_priority = 1;
+        s->ev.mail.mt_priority = (int)n;
+        return 1 << 7;
+    }
+    if (span_is(k, "BY") && (ext & SMTPE_EXT_DELIVERBY))
+        return parse_by(s, v) ? 1 << 8 : -1;
+    return 0;
+}
+
+/* Replies for a parameter result: 0 not offered (555), -1 malformed, or a duplicate. Returns
+ * -1 after replying, or 0 if the parameter is fine. */
+static int param_verdict(smtpe_server *s, int bit, unsigned *seen)
+{
+    if (bit == 0) {
+        reply(s, 555, "5.5.4", "Unsupported parameter"); /* RFC 5321 §4.1.1.11 */
+        return -1;
+    }
+    if (bit < 0) {
+        reply(s, 501, "5.5.4", "Malformed parameter");
+        return -1;
+    }
+    if (*seen & (unsigned)bit) {
+        reply(s, 501, "5.5.4", "Duplicate parameter");
+        return -1;
+    }
+    *seen |= (unsigned)bit;
+    return 0;
+}
+
+/* Values with octets above 127 are allowed only with SMTPUTF8 (RFC 6531 §3.3). */
+static int check_8bit_values(smtpe_server *s, const smtpe_param *params, size_t count, int utf8)
+{
+    for (size_t i = 0; i < count; i++) {
+        if (!utf8 && has_8bit(params[i].value)) {
             reply(s, 501, "5.5.4", "Malformed parameter");
             return -1;
         }
     }
     return 0;
+}
+
+/* Interprets MAIL parameters left to right. Returns 0, or -1 after replying. */
+static int mail_params(smtpe_server *s)
+{
+    unsigned ext = session_ext(s), seen = 0;
+    for (size_t i = 0; i < s->ev.mail.param_count; i++)
+        if (param_verdict(s, mail_param(s, ext, &s->ev.mail.params[i]), &seen) != 0)
+            return -1;
+    return check_8bit_values(s, s->ev.mail.params, s->ev.mail.param_count,
+                             s->ev.mail.smtputf8);
+}
+
+/* NOTIFY=NEVER or a comma list of SUCCESS, FAILURE, DELAY, each at most once (RFC 3461 §4.1). */
+static int parse_notify(smtpe_span v, unsigned *out)
+{
+    unsigned bits = 0;
+    size_t at = 0;
+    while (at <= v.len) {
+        size_t end = at;
+        unsigned b;
+        smtpe_span w;
+        while (end < v.len && v.ptr[end] != ',')
+            end++;
+        w = (smtpe_span){v.ptr + at, end - at};
+        b = span_is(w, "NEVER")     ? SMTPE_NOTIFY_NEVER
+            : span_is(w, "SUCCESS") ? SMTPE_NOTIFY_SUCCESS
+            : span_is(w, "FAILURE") ? SMTPE_NOTIFY_FAILURE
+            : span_is(w, "DELAY")   ? SMTPE_NOTIFY_DELAY
+                                    : 0;
+        if (b == 0 || (bits & b))
+            return -1;
+        bits |= b;
+        at = end + 1;
+    }
+    if ((bits & SMTPE_NOTIFY_NEVER) && bits != SMTPE_NOTIFY_NEVER)
+        return -1;
+    *out = bits;
+    return 0;
+}
+
+/* ORCPT=addr-type;xtext (RFC 3461 §4.2; at most 500 characters). */
+static int parse_orcpt(smtpe_server *s, smtpe_param *pm)
+{
+    smtpe_span v = pm->value;
+    size_t semi = 0;
+    while (semi < v.len && v.ptr[semi] != ';')
+        semi++;
+    if (semi == 0 || semi == v.len || v.len > 500)
+        return -1;
+    for (size_t i = 0; i < semi; i++)
+        if (!((v.ptr[i] >= 'A' && v.ptr[i] <= 'Z') || (v.ptr[i] >= 'a' && v.ptr[i] <= 'z') ||
+              (v.ptr[i] >= '0' && v.ptr[i] <= '9') || v.ptr[i] == '-'))
+            return -1;
+    s->ev.rcpt.orcpt_type = (smtpe_span){v.ptr, semi};
+    v.ptr += semi + 1, v.len -= semi + 1;
+    if (v.len == 0 || xtext_value(&v) != 0)
+        return -1;
+    s->ev.rcpt.orcpt = v;
+    s->ev.rcpt.has_orcpt = 1;
+    pm->value.len = semi + 1 + v.len; /* "type;" and the decoded address, contiguous */
+    return 0;
+}
+
+/* Interprets RCPT parameters (RFC 3461 NOTIFY, ORCPT). Returns 0, or -1 after replying. */
+static int rcpt_params(smtpe_server *s)
+{
+    unsigned ext = session_ext(s), seen = 0;
+    for (size_t i = 0; i < s->ev.rcpt.param_count; i++) {
+        smtpe_param *pm = &s->ev.rcpt.params[i];
+        int bit = 0;
+        if (span_is(pm->keyword, "NOTIFY") && (ext & SMTPE_EXT_DSN))
+            bit = parse_notify(pm->value, &s->ev.rcpt.notify) == 0 ? 1 : -1;
+        else if (span_is(pm->keyword, "ORCPT") && (ext & SMTPE_EXT_DSN))
+            bit = parse_orcpt(s, pm) == 0 ? 2 : -1;
+        if (param_verdict(s, bit, &seen) != 0)
+            return -1;
+    }
+    return check_8bit_values(s, s->ev.rcpt.params, s->ev.rcpt.param_count, s->smtputf8);
 }
 
 /* §4.1.1.2: MAIL FROM:<reverse-path> [SP mail-parameters] */
@@ -447,6 +748,10 @@ static void cmd_mail(smtpe_server *s, smtpe_span arg)
     }
     if (s->in_transaction) {
         reply(s, 503, "5.5.1", "Nested MAIL command");
+        return;
+    }
+    if (s->cfg->require_tls && !s->tls) {
+        reply(s, 530, "5.7.0", "Must issue a STARTTLS command first"); /* RFC 3207 §4 */
         return;
     }
     memset(&s->ev.mail, 0, sizeof s->ev.mail);
@@ -477,10 +782,8 @@ static void cmd_rcpt(smtpe_server *s, smtpe_span arg)
     if (parse_path_params(s, arg, 0, &s->ev.rcpt.forward_path, s->ev.rcpt.params,
                           &s->ev.rcpt.param_count) != 0)
         return;
-    if (s->ev.rcpt.param_count > 0) {
-        reply(s, 555, "5.5.4", "Unsupported parameter");
+    if (rcpt_params(s) != 0)
         return;
-    }
     if ((s->ev.rcpt.forward_path.flags & SMTPE_PATH_UTF8) && !s->smtputf8) {
         reply(s, 553, "5.6.7", "Non-ASCII address requires SMTPUTF8");
         return;
@@ -499,8 +802,322 @@ static void cmd_data(smtpe_server *s)
         reply(s, 503, "5.5.1", "Need MAIL command");
     else if (s->rcpts == 0)
         reply(s, 554, "5.5.1", "No valid recipients");
+    else if (s->bdat_started) /* RFC 3030 §2: no mixing in one transaction */
+        reply(s, 503, "5.5.1", "DATA not allowed after BDAT");
+    else if (s->binarymime) /* RFC 3030 §3 */
+        reply(s, 503, "5.5.1", "Use BDAT with BODY=BINARYMIME");
     else
         raise_event(s, SMTPE_EV_DATA);
+}
+
+static void not_implemented(smtpe_server *s)
+{
+    reply(s, 502, "5.5.1", "Command not implemented");
+}
+
+/* RFC 3207 §4: STARTTLS */
+static void cmd_starttls(smtpe_server *s, smtpe_span arg)
+{
+    if (!(s->cfg->extensions & SMTPE_EXT_STARTTLS))
+        not_implemented(s);
+    else if (trim_right(arg).len > 0)
+        reply(s, 501, "5.5.4", "Syntax: STARTTLS");
+    else if (s->tls)
+        reply(s, 503, "5.5.1", "TLS already active");
+    else if (s->in_transaction)
+        reply(s, 503, "5.5.1", "Not permitted during a mail transaction");
+    else
+        raise_event(s, SMTPE_EV_STARTTLS);
+}
+
+/* A 334 continuation (RFC 4954 §4): text is base64 or empty; no enhanced code on 3xx. */
+static void auth_continue(smtpe_server *s, const char *text, int next)
+{
+    (void)out_reply(s, 334, NULL, text, strlen(text), 0);
+    s->auth = next;
+}
+
+/* Decodes a SASL response in place: "=" and (after a 334) an empty line are empty (RFC 4954
+ * §4). Returns 0 and the decoded span, or -1 after replying 501. */
+static int auth_decode(smtpe_server *s, smtpe_span in, smtpe_span *out)
+{
+    size_t n;
+    if (in.len == 1 && in.ptr[0] == '=') {
+        *out = (smtpe_span){in.ptr, 0};
+        return 0;
+    }
+    n = smtpe__base64_decode(in.ptr, in.len, (uint8_t *)in.ptr);
+    if (n == SMTPE__BASE64_BAD) {
+        reply(s, 501, "5.5.2", "Invalid base64 data");
+        auth_end(s);
+        return -1;
+    }
+    *out = (smtpe_span){in.ptr, n};
+    return 0;
+}
+
+static void auth_event(smtpe_server *s)
+{
+    s->ev.auth.mechanism = (smtpe_span){s->auth_mech, s->auth_mech_len};
+    s->ev.auth.mechanism_id = s->auth_mech_id;
+    raise_event(s, SMTPE_EV_AUTH);
+}
+
+/* A decoded PLAIN message (RFC 4616 §2): the credentials go to the host. */
+static void auth_plain(smtpe_server *s, smtpe_span m)
+{
+    memset(&s->ev.auth, 0, sizeof s->ev.auth);
+    if (smtpe__sasl_plain(m.ptr, m.len, &s->ev.auth.authzid, &s->ev.auth.authcid,
+                          &s->ev.auth.password) != 0) {
+        reply(s, 501, "5.5.2", "Invalid PLAIN credentials");
+        auth_end(s);
+        return;
+    }
+    s->auth = AUTH_OTHER; /* waiting for the verdict */
+    auth_event(s);
+}
+
+/* The LOGIN user name: kept until the password line comes. */
+static void auth_login_user(smtpe_server *s, smtpe_span u)
+{
+    if (u.len == 0 || u.len > AUTH_USER_MAX) {
+        reply(s, 501, "5.5.2", "Invalid LOGIN credentials");
+        auth_end(s);
+        return;
+    }
+    memcpy(s->auth_user, u.ptr, u.len);
+    s->auth_user_len = u.len;
+    auth_continue(s, "UGFzc3dvcmQ6", AUTH_LOGIN_PASS); /* "Password:" */
+}
+
+static void auth_login_password(smtpe_server *s, smtpe_span pw)
+{
+    memset(&s->ev.auth, 0, sizeof s->ev.auth);
+    s->ev.auth.authcid = (smtpe_span){s->auth_user, s->auth_user_len};
+    s->ev.auth.password = pw;
+    s->auth = AUTH_OTHER;
+    auth_event(s);
+}
+
+static void auth_other(smtpe_server *s, smtpe_span response, int has_response)
+{
+    memset(&s->ev.auth, 0, sizeof s->ev.auth);
+    s->ev.auth.response = response;
+    s->ev.auth.has_response = has_response;
+    s->ev.auth.step = s->auth_step;
+    s->auth = AUTH_OTHER;
+    auth_event(s);
+}
+
+/* Finds the mechanism m (any case) in auth_mechanisms. */
+static int mechanism_offered(const smtpe_server *s, smtpe_span m)
+{
+    const char *p = s->cfg->auth_mechanisms;
+    while (*p) {
+        size_t n = strcspn(p, " ");
+        if (n == m.len && smtpe__has_prefix_ci(m.ptr, m.len, p) &&
+            (p[n] == ' ' || p[n] == 0))
+            return 1;
+        p += n;
+        while (*p == ' ')
+            p++;
+    }
+    return 0;
+}
+
+/* RFC 4954 §4: AUTH mechanism [initial-response] */
+static void cmd_auth(smtpe_server *s, smtpe_span arg)
+{
+    smtpe_span mech, initial = {NULL, 0};
+    size_t i = 0;
+    int has_initial;
+    if (!s->cfg->auth_mechanisms) {
+        not_implemented(s);
+        return;
+    }
+    if (!s->tls && !s->cfg->auth_without_tls) {
+        reply(s, 538, "5.7.11", "Encryption required for requested authentication mechanism");
+        return;
+    }
+    if (s->helo == HELO_NONE) {
+        reply(s, 503, "5.5.1", "Send HELO or EHLO first");
+        return;
+    }
+    if (s->authenticated) {
+        reply(s, 503, "5.5.1", "Already authenticated");
+        return;
+    }
+    if (s->in_transaction) {
+        reply(s, 503, "5.5.1", "Not permitted during a mail transaction");
+        return;
+    }
+    arg = trim_right(arg);
+    while (i < arg.len && arg.ptr[i] != ' ')
+        i++;
+    mech = (smtpe_span){arg.ptr, i};
+    while (i < arg.len && arg.ptr[i] == ' ')
+        i++;
+    has_initial = i < arg.len;
+    if (has_initial)
+        initial = (smtpe_span){arg.ptr + i, arg.len - i};
+    if (mech.len == 0 || memchr(initial.ptr ? initial.ptr : arg.ptr, ' ', initial.len)) {
+        reply(s, 501, "5.5.4", "Syntax: AUTH mechanism [initial-response]");
+        return;
+    }
+    if (mech.len > AUTH_MECH_MAX || !mechanism_offered(s, mech)) {
+        reply(s, 504, "5.5.4", "Unrecognized authentication type");
+        return;
+    }
+    memcpy(s->auth_mech, mech.ptr, mech.len);
+    s->auth_mech_len = mech.len;
+    s->auth_mech_id = span_is(mech, "PLAIN")   ? SMTPE_SASL_PLAIN
+                      : span_is(mech, "LOGIN") ? SMTPE_SASL_LOGIN
+                                               : SMTPE_SASL_OTHER;
+    s->auth_step = 0;
+    s->auth = AUTH_OTHER; /* an exchange has begun: auth_end() wipes from here on */
+    if (has_initial && auth_decode(s, initial, &initial) != 0)
+        return;
+    if (s->auth_mech_id == SMTPE_SASL_PLAIN) {
+        if (has_initial)
+            auth_plain(s, initial);
+        else
+            auth_continue(s, "", AUTH_PLAIN_WAIT);
+    } else if (s->auth_mech_id == SMTPE_SASL_LOGIN) {
+        if (has_initial)
+            auth_login_user(s, initial);
+        else
+            auth_continue(s, "VXNlcm5hbWU6", AUTH_LOGIN_USER); /* "Username:" */
+    } else {
+        auth_other(s, initial, has_initial);
+    }
+}
+
+/* A line of an AUTH exchange after a 334 (RFC 4954 §4). */
+static void auth_line(smtpe_server *s)
+{
+    smtpe_span in = {s->line.buf, s->line.len}, out;
+    if (s->line.flags & SMTPE__LINE_TOO_LONG) {
+        reply(s, 500, "5.5.6", "Authentication Exchange line is too long");
+        auth_end(s);
+        return;
+    }
+    if ((s->line.flags & SMTPE__LINE_BARE) || (in.len == 1 && in.ptr[0] == '*')) {
+        if (s->line.flags & SMTPE__LINE_BARE)
+            reply(s, 500, "5.5.2", "Bare CR, LF or NUL in command line");
+        else
+            reply(s, 501, "5.0.0", "Authentication cancelled");
+        auth_end(s);
+        return;
+    }
+    if (auth_decode(s, in, &out) != 0)
+        return;
+    switch (s->auth) {
+    case AUTH_PLAIN_WAIT:
+        auth_plain(s, out);
+        break;
+    case AUTH_LOGIN_USER:
+        auth_login_user(s, out);
+        break;
+    case AUTH_LOGIN_PASS:
+        auth_login_password(s, out);
+        break;
+    default: /* AUTH_OTHER_WAIT */
+        s->auth_step++;
+        auth_other(s, out, 1);
+        break;
+    }
+}
+
+/* RFC 3030 §2: BDAT chunk-size [SP "LAST"]. Once the syntax is right the chunk is always
+ * swallowed whole, whatever the reply, so that its octets are never read as commands. */
+static void cmd_bdat(smtpe_server *s, smtpe_span arg)
+{
+    size_t i = 0;
+    uint64_t size;
+    int last = 0;
+    arg = trim_right(arg);
+    while (i < arg.len && arg.ptr[i] != ' ')
+        i++;
+    if (smtpe__parse_u64((smtpe_span){arg.ptr, i}, &size) != 0) {
+        reply(s, 501, "5.5.4", "Syntax: BDAT size [LAST]");
+        return;
+    }
+    while (i < arg.len && arg.ptr[i] == ' ')
+        i++;
+    if (i < arg.len) {
+        if (!span_is((smtpe_span){arg.ptr + i, arg.len - i}, "LAST")) {
+            reply(s, 501, "5.5.4", "Syntax: BDAT size [LAST]");
+            return;
+        }
+        last = 1;
+    }
+    s->bdat_left = size;
+    s->skip_code = 0;
+    if (!(session_ext(s) & SMTPE_EXT_CHUNKING))
+        s->skip_code = 502, s->skip_enhanced = "5.5.1", s->skip_text = "Command not implemented";
+    else if (!s->in_transaction)
+        s->skip_code = 503, s->skip_enhanced = "5.5.1", s->skip_text = "Need MAIL command";
+    else if (s->rcpts == 0)
+        s->skip_code = 554, s->skip_enhanced = "5.5.1", s->skip_text = "No valid recipients";
+    if (s->skip_code) {
+        s->mode = MODE_BDAT_SKIP;
+        return;
+    }
+    s->ev.bdat.size = size;
+    s->ev.bdat.last = last;
+    s->ev.bdat.first = !s->bdat_started;
+    if (!s->bdat_started)
+        smtpe__bdat_start(&s->data, s->cfg->line_ending, s->cfg->max_message_size,
+                          s->binarymime);
+    s->bdat_started = 1;
+    s->bdat_size = size;
+    s->bdat_last = last;
+    s->bdat_ending = 0;
+    s->mode = MODE_BDAT;
+    raise_event(s, SMTPE_EV_BDAT);
+}
+
+/* Postfix XCLIENT / XFORWARD: attribute=value ... (values xtext). */
+static void cmd_xclient(smtpe_server *s, smtpe_span arg, int xforward)
+{
+    static const char *const xclient_names[] = {"NAME", "ADDR",  "PORT",     "PROTO",
+                                                "HELO", "LOGIN", "DESTADDR", "DESTPORT"};
+    static const char *const xforward_names[] = {"NAME", "ADDR",  "PORT",  "PROTO",
+                                                 "HELO", "IDENT", "SOURCE"};
+    const char *const *names = xforward ? xforward_names : xclient_names;
+    size_t nnames = xforward ? 7 : 8;
+    unsigned bit = xforward ? SMTPE_EXT_XFORWARD : SMTPE_EXT_XCLIENT;
+    const char *bad = xforward ? "Bad XFORWARD attribute" : "Bad XCLIENT attribute";
+    if (!(s->cfg->extensions & bit)) {
+        not_implemented(s);
+        return;
+    }
+    if (!s->trusted) {
+        reply(s, 550, "5.7.0", "Insufficient authorization");
+        return;
+    }
+    if (s->in_transaction) {
+        reply(s, 503, "5.5.1", "Not permitted during a mail transaction");
+        return;
+    }
+    memset(&s->ev.xclient, 0, sizeof s->ev.xclient);
+    if (smtpe__parse_params(arg.ptr, arg.len, s->ev.xclient.attrs, SMTPE_MAX_PARAMS,
+                            &s->ev.xclient.count) != SMTPE__PARAMS_OK ||
+        s->ev.xclient.count == 0) {
+        reply(s, 501, "5.5.4", bad);
+        return;
+    }
+    for (size_t i = 0; i < s->ev.xclient.count; i++) {
+        smtpe_param *a = &s->ev.xclient.attrs[i];
+        size_t k = 0;
+        while (k < nnames && !span_is(a->keyword, names[k]))
+            k++;
+        if (k == nnames || a->value.len == 0 || xtext_value(&a->value) != 0) {
+            reply(s, 501, "5.5.4", bad);
+            return;
+        }
+    }
+    raise_event(s, xforward ? SMTPE_EV_XFORWARD : SMTPE_EV_XCLIENT);
 }
 
 static void cmd_with_argument(smtpe_server *s, smtpe_event_type type, smtpe_span verb,
@@ -541,6 +1158,10 @@ static void handle_line(smtpe_server *s)
     smtpe_span verb, arg;
     smtpe__verb v;
     s->stats.commands++;
+    if (s->auth != AUTH_NONE) { /* a SASL response, not a command */
+        auth_line(s);
+        return;
+    }
     if (s->line.flags & SMTPE__LINE_TOO_LONG) { /* §4.5.3.1.4 */
         reply(s, 500, "5.5.2", "Line too long");
         return;
@@ -551,9 +1172,28 @@ static void handle_line(smtpe_server *s)
     }
     v = smtpe__command_split(s->line.buf, s->line.len, &verb, &arg);
     switch (v) {
+    case SMTPE__VERB_LHLO:
+        if (!s->cfg->lmtp) {
+            cmd_with_argument(s, SMTPE_EV_UNKNOWN, verb, arg, NULL);
+            break;
+        }
+        /* fall through */
     case SMTPE__VERB_HELO:
     case SMTPE__VERB_EHLO:
-        cmd_helo(s, arg, v == SMTPE__VERB_EHLO);
+        cmd_helo(s, arg, v);
+        break;
+    case SMTPE__VERB_STARTTLS:
+        cmd_starttls(s, arg);
+        break;
+    case SMTPE__VERB_AUTH:
+        cmd_auth(s, arg);
+        break;
+    case SMTPE__VERB_BDAT:
+        cmd_bdat(s, arg);
+        break;
+    case SMTPE__VERB_XCLIENT:
+    case SMTPE__VERB_XFORWARD:
+        cmd_xclient(s, arg, v == SMTPE__VERB_XFORWARD);
         break;
     case SMTPE__VERB_MAIL:
         cmd_mail(s, arg);
@@ -584,21 +1224,90 @@ static void handle_line(smtpe_server *s)
     }
 }
 
-/* The end of the content: hand the host DATA_END; refused content is answered here. */
-static void data_end(smtpe_server *s)
+/* The end of the content: hand the host DATA_END; refused content is answered here, once per
+ * recipient under LMTP (RFC 2033 §4.2). */
+static void data_end(smtpe_server *s, int chunked)
 {
+    unsigned replies = s->cfg->lmtp ? s->rcpts : 1;
     s->mode = MODE_COMMAND;
+    memset(&s->ev.data_end, 0, sizeof s->ev.data_end);
     s->ev.data_end.size = s->data.size;
     s->ev.data_end.status = s->data.status;
     s->ev.data_end.flags = s->data.flags;
+    s->ev.data_end.chunked = chunked;
+    s->ev.data_end.replies = replies;
     raise_event(s, SMTPE_EV_DATA_END);
-    if (s->data.status == SMTPE_DATA_TOO_BIG) {
-        reply(s, 552, "5.3.4", "Message size exceeds fixed limit"); /* RFC 1870 §6.3 */
-        reset_transaction(s);
-    } else if (s->data.status == SMTPE_DATA_BAD_LINE_ENDING) {
-        reply(s, 550, "5.6.0", "Bare CR, LF or NUL in message content");
-        reset_transaction(s);
+    s->lmtp_left = replies;
+    if (s->data.status == SMTPE_DATA_OK)
+        return;
+    for (unsigned i = 0; i < replies && !s->closing; i++) {
+        if (s->data.status == SMTPE_DATA_TOO_BIG)
+            reply(s, 552, "5.3.4", "Message size exceeds fixed limit"); /* RFC 1870 §6.3 */
+        else
+            reply(s, 550, "5.6.0", "Bare CR, LF or NUL in message content");
     }
+    s->lmtp_left = 0;
+    reset_transaction(s);
+}
+
+/* The current BDAT chunk has been read (RFC 3030 §2): its verdict is due, or for the last
+ * chunk (or content already refused) the end of the message. Called when no event is pending. */
+static void bdat_chunk_end(smtpe_server *s)
+{
+    smtpe_span tail;
+    if (s->bdat_ending) { /* the tail below has been taken */
+        s->bdat_ending = 0;
+        data_end(s, 1);
+        return;
+    }
+    if (s->bdat_last) {
+        smtpe__bdat_end(&s->data, &tail);
+        if (tail.len > 0) { /* a normalised LF goes out first; the end follows it */
+            s->ev.chunk = tail;
+            raise_event(s, SMTPE_EV_DATA_CHUNK);
+            s->bdat_ending = 1;
+            return;
+        }
+        data_end(s, 1);
+        return;
+    }
+    if (s->data.status != SMTPE_DATA_OK) {
+        data_end(s, 1);
+        return;
+    }
+    s->mode = MODE_COMMAND;
+    s->ev.bdat.size = s->bdat_size;
+    s->ev.bdat.last = 0;
+    s->ev.bdat.first = 0;
+    raise_event(s, SMTPE_EV_CHUNK_END);
+}
+
+/* Octets of a BDAT chunk. */
+static size_t recv_bdat(smtpe_server *s, const uint8_t *buf, size_t len)
+{
+    smtpe_span chunk;
+    size_t n = len < s->bdat_left ? len : (size_t)s->bdat_left, used;
+    if (s->mode == MODE_BDAT_SKIP) {
+        s->bdat_left -= n;
+        if (s->bdat_left == 0) {
+            s->mode = MODE_COMMAND;
+            reply(s, s->skip_code, s->skip_enhanced, s->skip_text);
+        }
+        return n;
+    }
+    if (s->bdat_left == 0) {
+        bdat_chunk_end(s);
+        return 0;
+    }
+    used = smtpe__bdat_feed(&s->data, buf, n, &chunk);
+    s->bdat_left -= used;
+    if (chunk.len > 0) {
+        s->ev.chunk = chunk;
+        raise_event(s, SMTPE_EV_DATA_CHUNK);
+    } else if (s->bdat_left == 0) {
+        bdat_chunk_end(s);
+    }
+    return used;
 }
 
 static size_t recv_data(smtpe_server *s, const uint8_t *buf, size_t len)
@@ -610,9 +1319,27 @@ static size_t recv_data(smtpe_server *s, const uint8_t *buf, size_t len)
         s->ev.chunk = chunk;
         raise_event(s, SMTPE_EV_DATA_CHUNK);
     } else if (end) {
-        data_end(s);
+        data_end(s, 0);
     }
     return n;
+}
+
+/* The PROXY header, before anything else. */
+static size_t recv_proxy(smtpe_server *s, const uint8_t *buf, size_t len)
+{
+    size_t used = 0;
+    int r = smtpe__proxy_feed(&s->proxy, s->line.buf, s->line.cap, buf, len, &used);
+    if (r == SMTPE__PROXY_DONE &&
+        smtpe__proxy_parse(s->line.buf, s->proxy.len, &s->ev.proxy) == 0) {
+        s->mode = MODE_COMMAND;
+        s->line.len = 0;
+        s->line.flags = 0;
+        raise_event(s, SMTPE_EV_PROXY);
+    } else if (r != SMTPE__PROXY_MORE) {
+        s->closing = 1; /* nothing is sent: the peer is not speaking the PROXY protocol */
+        raise_event(s, SMTPE_EV_PROXY_INVALID);
+    }
+    return used;
 }
 
 ssize_t smtpe_server_recv(smtpe_server *s, const uint8_t *buf, size_t len, uint64_t now_ms)
@@ -621,11 +1348,25 @@ ssize_t smtpe_server_recv(smtpe_server *s, const uint8_t *buf, size_t len, uint6
     int progress = 0; /* a command line completed or content arrived */
     if (!s || (!buf && len > 0))
         return SMTPE_ERR_INVALID_ARGUMENT;
+    if (s->mode == MODE_TLS_WAIT && !s->closing) { /* RFC 3207 §4.2: never executed */
+        s->stats.discarded_octets += len;
+        s->stats.octets_in += len;
+        return (ssize_t)len;
+    }
     while (used < len && !s->closing && !s->event_ready && s->verdict == SMTPE_EV_NONE &&
            out_space(s) >= s->reserve) {
         if (s->mode == MODE_DATA) {
             used += recv_data(s, buf + used, len - used);
             progress = 1;
+            continue;
+        }
+        if (s->mode == MODE_BDAT || s->mode == MODE_BDAT_SKIP) {
+            used += recv_bdat(s, buf + used, len - used);
+            progress = 1;
+            continue;
+        }
+        if (s->mode == MODE_PROXY) {
+            used += recv_proxy(s, buf + used, len - used);
             continue;
         }
         if (s->line.flags & SMTPE__LINE_DONE)
@@ -634,6 +1375,8 @@ ssize_t smtpe_server_recv(smtpe_server *s, const uint8_t *buf, size_t len, uint6
         if (s->line.flags & SMTPE__LINE_DONE) {
             handle_line(s);
             progress = 1;
+            if (s->mode == MODE_BDAT_SKIP && s->bdat_left == 0) /* BDAT 0 refused */
+                recv_bdat(s, buf, 0);
         }
     }
     if (progress) { /* RFC 5321 §4.5.3.2.7: the wait is for the next whole command */
@@ -655,6 +1398,10 @@ int smtpe_server_next_event(smtpe_server *s, smtpe_event *ev)
         *ev = s->ev;
     }
     s->event_ready = 0;
+    /* A BDAT chunk whose octets are all in: its end comes next, without waiting for input. */
+    if (s->mode == MODE_BDAT && s->bdat_left == 0 &&
+        (ev->type == SMTPE_EV_DATA_CHUNK || ev->type == SMTPE_EV_BDAT))
+        bdat_chunk_end(s);
     return 1;
 }
 
@@ -668,6 +1415,12 @@ int smtpe_event_needs_reply(const smtpe_event *ev)
     case SMTPE_EV_VRFY:
     case SMTPE_EV_EXPN:
     case SMTPE_EV_UNKNOWN:
+    case SMTPE_EV_STARTTLS:
+    case SMTPE_EV_AUTH:
+    case SMTPE_EV_CHUNK_END:
+    case SMTPE_EV_PROXY:
+    case SMTPE_EV_XCLIENT:
+    case SMTPE_EV_XFORWARD:
         return 1;
     case SMTPE_EV_DATA_END:
         return ev->data_end.status == SMTPE_DATA_OK;
@@ -684,9 +1437,14 @@ int smtpe_event_needs_reply(const smtpe_event *ev)
 static int ehlo_reply(smtpe_server *s, unsigned code, const char *first)
 {
     const smtpe_server_config *c = s->cfg;
-    char size[40];
-    const char *lines[6 + 64];
+    int helo = s->helo;
+    unsigned ext;
+    char size[40], auth[8 + 200];
+    const char *lines[16 + 64];
     size_t n = 0, at;
+    s->helo = HELO_ESMTP; /* session_ext() answers for an EHLO session */
+    ext = session_ext(s);
+    s->helo = helo;
     lines[n++] = first;
     if (c->extensions & SMTPE_EXT_PIPELINING)
         lines[n++] = "PIPELINING";
@@ -703,6 +1461,28 @@ static int ehlo_reply(smtpe_server *s, unsigned code, const char *first)
         lines[n++] = "SMTPUTF8";
     if (c->extensions & SMTPE_EXT_ENHANCEDSTATUSCODES)
         lines[n++] = "ENHANCEDSTATUSCODES";
+    if (ext & SMTPE_EXT_STARTTLS)
+        lines[n++] = "STARTTLS";
+    if (auth_offered(s)) {
+        snprintf(auth, sizeof auth, "AUTH %s", c->auth_mechanisms);
+        lines[n++] = auth;
+    }
+    if (ext & SMTPE_EXT_CHUNKING)
+        lines[n++] = "CHUNKING";
+    if (ext & SMTPE_EXT_BINARYMIME)
+        lines[n++] = "BINARYMIME";
+    if (ext & SMTPE_EXT_DSN)
+        lines[n++] = "DSN";
+    if (ext & SMTPE_EXT_REQUIRETLS)
+        lines[n++] = "REQUIRETLS";
+    if (ext & SMTPE_EXT_MT_PRIORITY)
+        lines[n++] = "MT-PRIORITY";
+    if (ext & SMTPE_EXT_DELIVERBY)
+        lines[n++] = "DELIVERBY";
+    if (ext & SMTPE_EXT_XCLIENT)
+        lines[n++] = "XCLIENT NAME ADDR PORT PROTO HELO LOGIN DESTADDR DESTPORT";
+    if (ext & SMTPE_EXT_XFORWARD)
+        lines[n++] = "XFORWARD NAME ADDR PORT PROTO HELO IDENT SOURCE";
     for (size_t i = 0; i < c->ehlo_extra_count; i++)
         lines[n++] = c->ehlo_extra[i];
     out_compact(s);
@@ -743,9 +1523,19 @@ static int code_fits(smtpe_event_type type, unsigned code)
     unsigned cls = code / 100;
     if (code < 200 || code > 599)
         return 0;
-    if (type == SMTPE_EV_DATA)
+    switch (type) {
+    case SMTPE_EV_DATA:
         return code == 354 || cls >= 4;
-    return type == SMTPE_EV_UNKNOWN || cls != 3;
+    case SMTPE_EV_STARTTLS:
+    case SMTPE_EV_XCLIENT:
+        return code == 220 || cls >= 4;
+    case SMTPE_EV_PROXY:
+        return code == 220 || code == 421 || cls == 5;
+    case SMTPE_EV_UNKNOWN:
+        return 1;
+    default:
+        return cls != 3;
+    }
 }
 
 /* What a verdict means for the session (see smtpe_server_reply). */
@@ -761,6 +1551,7 @@ static void apply_verdict(smtpe_server *s, smtpe_event_type type, unsigned code)
         if (ok) {
             s->in_transaction = 1;
             s->smtputf8 = s->ev.mail.smtputf8;
+            s->binarymime = s->ev.mail.body == SMTPE_BODY_BINARYMIME;
             s->rcpts = 0;
         }
         break;
@@ -781,6 +1572,26 @@ static void apply_verdict(smtpe_server *s, smtpe_event_type type, unsigned code)
         s->stats.transactions++;
         reset_transaction(s);
         break;
+    case SMTPE_EV_CHUNK_END:
+        if (!ok) /* RFC 3030 §2: a failed chunk fails the transaction */
+            reset_transaction(s);
+        break;
+    case SMTPE_EV_STARTTLS:
+        if (code == 220)
+            s->mode = MODE_TLS_WAIT;
+        break;
+    case SMTPE_EV_AUTH:
+        if (ok)
+            s->authenticated = 1;
+        auth_end(s);
+        break;
+    case SMTPE_EV_XCLIENT:
+        if (code == 220) { /* as after connect (Postfix XCLIENT_README) */
+            s->helo = HELO_NONE;
+            s->authenticated = 0;
+            reset_transaction(s);
+        }
+        break;
     default:
         break;
     }
@@ -793,7 +1604,12 @@ static int verdict(smtpe_server *s, unsigned code, const char *enhanced, const c
     smtpe_event_type type = s->verdict;
     char enh[8];
     int r;
-    if (type == SMTPE_EV_HELO && code / 100 == 2) {
+    if ((type == SMTPE_EV_PROXY || type == SMTPE_EV_XCLIENT) && code == 220) {
+        r = greeting(s, text ? text : s->cfg->greeting_text);
+    } else if (type == SMTPE_EV_PROXY) { /* refused: like smtpe_server_close */
+        s->verdict = SMTPE_EV_NONE;
+        return smtpe_server_close(s, code, enhanced, text);
+    } else if (type == SMTPE_EV_HELO && code / 100 == 2) {
         const char *first = text ? text : s->cfg->hostname;
         r = s->ev.helo.esmtp ? ehlo_reply(s, code, first)
                              : out_reply(s, code, NULL, first, strlen(first), 0);
@@ -808,6 +1624,11 @@ static int verdict(smtpe_server *s, unsigned code, const char *enhanced, const c
     }
     if (r != 0)
         return r;
+    if (type == SMTPE_EV_DATA_END && s->lmtp_left > 1 && !s->closing) {
+        s->lmtp_left--; /* LMTP: the next recipient's verdict is still owed */
+        return 0;
+    }
+    s->lmtp_left = 0;
     s->verdict = SMTPE_EV_NONE;
     s->event_ready = s->ev.type == SMTPE_EV_ERROR_LIMIT; /* reply() may have raised it */
     s->timer_restart = 1;
@@ -831,9 +1652,22 @@ int smtpe_server_reply(smtpe_server *s, unsigned code, const char *enhanced, con
 
 int smtpe_server_accept(smtpe_server *s)
 {
+    char text[48];
     if (!s)
         return SMTPE_ERR_INVALID_ARGUMENT;
     switch (s->verdict) {
+    case SMTPE_EV_STARTTLS:
+        return verdict(s, 220, "2.0.0", "Ready to start TLS");
+    case SMTPE_EV_AUTH:
+        return verdict(s, 235, "2.7.0", "Authentication successful");
+    case SMTPE_EV_CHUNK_END:
+        snprintf(text, sizeof text, "%llu octets received", (unsigned long long)s->bdat_size);
+        return verdict(s, 250, "2.0.0", text);
+    case SMTPE_EV_PROXY:
+    case SMTPE_EV_XCLIENT:
+        return verdict(s, 220, NULL, NULL);
+    case SMTPE_EV_XFORWARD:
+        return verdict(s, 250, "2.0.0", "Ok");
     case SMTPE_EV_HELO:
         return verdict(s, 250, NULL, NULL);
     case SMTPE_EV_MAIL:
@@ -882,6 +1716,64 @@ int smtpe_server_close(smtpe_server *s, unsigned code, const char *enhanced, con
     return 0;
 }
 
+int smtpe_server_tls_started(smtpe_server *s, uint64_t now_ms)
+{
+    if (!s)
+        return SMTPE_ERR_INVALID_ARGUMENT;
+    if (s->tls || s->closing)
+        return SMTPE_ERR_STATE;
+    if (s->mode == MODE_TLS_WAIT) {
+        if (s->out_len > s->out_off)
+            return SMTPE_ERR_STATE; /* the 220 must go out in the clear first */
+        /* RFC 3207 §4.2: discard all knowledge from the client; no new greeting */
+        s->helo = HELO_NONE;
+        s->authenticated = 0;
+        reset_transaction(s);
+        smtpe__line_reset(&s->line);
+        s->mode = MODE_COMMAND;
+    } else if (s->stats.commands > 0 || s->stats.octets_out > 0 || s->mode != MODE_COMMAND ||
+               s->event_ready || s->verdict != SMTPE_EV_NONE) {
+        return SMTPE_ERR_STATE; /* implicit TLS only before the session has begun */
+    }
+    s->tls = 1;
+    s->last_activity = now_ms;
+    s->timer_restart = 0;
+    return 0;
+}
+
+int smtpe_server_auth_challenge(smtpe_server *s, const uint8_t *data, size_t len)
+{
+    size_t need;
+    if (!s || (!data && len > 0))
+        return SMTPE_ERR_INVALID_ARGUMENT;
+    if (s->verdict != SMTPE_EV_AUTH || s->auth_mech_id != SMTPE_SASL_OTHER)
+        return SMTPE_ERR_STATE;
+    if (len > 1536)
+        return SMTPE_ERR_REPLY_TOO_LONG;
+    out_compact(s);
+    need = 4 + SMTPE__BASE64_LEN(len) + 2;
+    if (s->out_len + need > s->out_cap - CLOSE_RESERVE)
+        return SMTPE_ERR_REPLY_TOO_LONG;
+    memcpy(s->out + s->out_len, "334 ", 4);
+    smtpe__base64_encode(data, len, s->out + s->out_len + 4);
+    memcpy(s->out + s->out_len + need - 2, "\r\n", 2);
+    s->out_len += need;
+    s->verdict = SMTPE_EV_NONE;
+    s->event_ready = 0;
+    s->timer_restart = 1;
+    auth_end(s); /* wipes the response just handled */
+    s->auth = AUTH_OTHER_WAIT;
+    return 0;
+}
+
+int smtpe_server_set_trusted(smtpe_server *s, int trusted)
+{
+    if (!s)
+        return SMTPE_ERR_INVALID_ARGUMENT;
+    s->trusted = trusted != 0;
+    return 0;
+}
+
 /* ------------------------------------------------------------------------------------------
  * Output, wants, time
  * ---------------------------------------------------------------------------------------- */
@@ -919,6 +1811,8 @@ unsigned smtpe_server_want(const smtpe_server *s)
         w |= SMTPE_WANT_EVENT;
     if (s->closing)
         return w | SMTPE_WANT_CLOSE;
+    if (s->mode == MODE_TLS_WAIT)
+        return w | SMTPE_WANT_TLS;
     if (s->verdict != SMTPE_EV_NONE)
         w |= SMTPE_WANT_VERDICT;
     else if (!s->event_ready && out_space(s) >= s->reserve)
@@ -929,11 +1823,14 @@ unsigned smtpe_server_want(const smtpe_server *s)
 uint64_t smtpe_server_expiry(const smtpe_server *s)
 {
     uint64_t t;
-    if (!s || s->closing || s->event_ready || s->verdict != SMTPE_EV_NONE)
+    if (!s || s->closing || s->event_ready || s->verdict != SMTPE_EV_NONE ||
+        s->mode == MODE_TLS_WAIT)
         return UINT64_MAX;
     if (s->timer_restart)
         return 0; /* call handle_expiry now so that the timer restarts from the host's clock */
-    t = s->mode == MODE_DATA ? s->cfg->data_timeout_ms : s->cfg->command_timeout_ms;
+    t = s->mode == MODE_DATA || s->mode == MODE_BDAT || s->mode == MODE_BDAT_SKIP
+            ? s->cfg->data_timeout_ms
+            : s->cfg->command_timeout_ms;
     if (t == 0 || s->last_activity > UINT64_MAX - t)
         return UINT64_MAX;
     return s->last_activity + t;
@@ -958,8 +1855,11 @@ int smtpe_server_handle_expiry(smtpe_server *s, uint64_t now_ms)
 
 void smtpe_server_get_stats(const smtpe_server *s, smtpe_server_stats *st)
 {
-    if (s && st)
+    if (s && st) {
         *st = s->stats;
+        st->tls = s->tls;
+        st->authenticated = s->authenticated;
+    }
 }
 
 const char *smtpe_strerror(int err)

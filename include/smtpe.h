@@ -8,7 +8,10 @@
  * socket or a clock and allocates memory only when a session is created.
  *
  * Implements RFC 5321 (SMTP) with RFC 1870 (SIZE), RFC 6152 (8BITMIME), RFC 2920 (PIPELINING),
- * RFC 2034/3463/5248 (enhanced status codes) and RFC 6531 (SMTPUTF8).
+ * RFC 2034/3463/5248 (enhanced status codes), RFC 6531 (SMTPUTF8), RFC 3207 (STARTTLS),
+ * RFC 4954 (AUTH, with SASL PLAIN RFC 4616 and LOGIN decoded), RFC 3030 (CHUNKING, BINARYMIME),
+ * RFC 3461 (DSN), RFC 2033 (LMTP), RFC 8689 (REQUIRETLS), RFC 6710 (MT-PRIORITY),
+ * RFC 2852 (DELIVERBY), the HAProxy PROXY protocol v1/v2 and Postfix's XCLIENT and XFORWARD.
  */
 #ifndef SMTPE_H
 #define SMTPE_H
@@ -69,6 +72,16 @@ typedef struct smtpe_allocator {
 #define SMTPE_EXT_8BITMIME (1u << 2)            /* RFC 6152: BODY=7BIT|8BITMIME on MAIL */
 #define SMTPE_EXT_SMTPUTF8 (1u << 3)            /* RFC 6531: SMTPUTF8 on MAIL, UTF-8 mailboxes */
 #define SMTPE_EXT_ENHANCEDSTATUSCODES (1u << 4) /* RFC 2034: enhanced status codes in replies */
+#define SMTPE_EXT_STARTTLS (1u << 5)   /* RFC 3207; offered until TLS is up */
+#define SMTPE_EXT_CHUNKING (1u << 6)   /* RFC 3030: BDAT */
+#define SMTPE_EXT_BINARYMIME (1u << 7) /* RFC 3030: BODY=BINARYMIME (only with CHUNKING) */
+#define SMTPE_EXT_DSN (1u << 8)        /* RFC 3461: RET, ENVID on MAIL; NOTIFY, ORCPT on RCPT */
+#define SMTPE_EXT_REQUIRETLS (1u << 9) /* RFC 8689: REQUIRETLS on MAIL; offered only under TLS */
+#define SMTPE_EXT_MT_PRIORITY (1u << 10) /* RFC 6710: MT-PRIORITY=-9..9 on MAIL */
+#define SMTPE_EXT_DELIVERBY (1u << 11)   /* RFC 2852: BY=<seconds>;R|N[T] on MAIL */
+#define SMTPE_EXT_XCLIENT (1u << 12)  /* Postfix XCLIENT; offered and allowed to trusted peers */
+#define SMTPE_EXT_XFORWARD (1u << 13) /* Postfix XFORWARD; offered and allowed to trusted peers */
+/* The default set. The others are off until the host switches them on. */
 #define SMTPE_EXT_DEFAULT                                                                       \
     (SMTPE_EXT_PIPELINING | SMTPE_EXT_SIZE | SMTPE_EXT_8BITMIME | SMTPE_EXT_SMTPUTF8 |           \
      SMTPE_EXT_ENHANCEDSTATUSCODES)
@@ -112,8 +125,9 @@ typedef struct smtpe_server_config {
     /* Most recipients accepted per transaction (RFC 5321 §4.5.3.1.8: at least 100); then
      * 452 4.5.3. Default 100. */
     unsigned max_recipients;
-    /* Protocol errors (500/501/502/503/504/555 replies) allowed per session; the next one is
-     * answered 421 4.7.0 and the session closes. 0 means no limit. Default 20. */
+    /* Protocol errors (500-504 and 555 replies, and 535 authentication failures, so that the
+     * limit also bounds password guessing) allowed per session; the next one is answered
+     * 421 4.7.0 and the session closes. 0 means no limit. Default 20. */
     unsigned max_errors;
     /* Time in ms the server waits for the next command line (RFC 5321 §4.5.3.2.7: at least
      * 5 minutes) and for the next content octets during DATA (§4.5.3.2.5/6); then 421 4.4.2 and
@@ -128,6 +142,25 @@ typedef struct smtpe_server_config {
      * queued before the engine stops consuming input until the host sends them. Range
      * 2048..1048576. Default 4096. */
     size_t reply_buffer_size;
+    /* SASL mechanisms offered by AUTH (RFC 4954), space-separated, e.g. "PLAIN LOGIN XOAUTH2";
+     * each 1..20 of A-Z 0-9 - _ (RFC 4422 §3.1). NULL (the default) means no AUTH. PLAIN
+     * (RFC 4616) and LOGIN are decoded by the engine; any other name is passed through, the
+     * host supplying each challenge (smtpe_server_auth_challenge). SASL responses are command
+     * lines, so max_line_length bounds them: hosts offering mechanisms with long tokens
+     * (XOAUTH2, GSSAPI) raise it (RFC 4954 §4 allows 12288 octets). */
+    const char *auth_mechanisms;
+    /* Offer and allow AUTH before TLS is up. Off by default: without TLS, AUTH is not offered
+     * and answered 538 5.7.11 (RFC 4954 §6). */
+    int auth_without_tls;
+    /* MAIL before TLS is up is answered 530 5.7.0 (RFC 3207 §4). Off by default. */
+    int require_tls;
+    /* Speak LMTP (RFC 2033): LHLO instead of HELO/EHLO (which get 500 5.5.1), and after the
+     * content one verdict per accepted recipient. Off by default. */
+    int lmtp;
+    /* Expect a PROXY protocol header (v1 or v2, HAProxy's spec) before anything else; the
+     * greeting waits for the host's verdict on SMTPE_EV_PROXY. A v2 header may carry at most
+     * max_line_length - 18 octets of addresses and TLVs. Off by default. */
+    int proxy_protocol;
 } smtpe_server_config;
 
 /* Fills cfg with the defaults documented above. */
@@ -152,7 +185,30 @@ typedef enum smtpe_event_type {
     SMTPE_EV_QUIT,       /* QUIT; the engine answered 221 2.0.0 and wants to close. No verdict. */
     SMTPE_EV_TIMEOUT,    /* A timeout expired; the engine queued 421 4.4.2 and wants to close.
                             Any unfinished message is abandoned. No verdict. */
-    SMTPE_EV_ERROR_LIMIT /* max_errors exceeded; 421 4.7.0 queued, wants close. No verdict. */
+    SMTPE_EV_ERROR_LIMIT, /* max_errors exceeded; 421 4.7.0 queued, wants close. No verdict. */
+    SMTPE_EV_STARTTLS,    /* STARTTLS (RFC 3207). Needs a verdict: accept (220 2.0.0, then
+                             SMTPE_WANT_TLS: the host runs the handshake and calls
+                             smtpe_server_tls_started) or 4xx/5xx (e.g. 454 4.7.0). */
+    SMTPE_EV_AUTH,        /* One step of an AUTH exchange (ev.auth, RFC 4954). Needs a verdict:
+                             2xx (235 2.7.0 by accept) authenticates, 4xx/5xx (535 5.7.8, 454,
+                             534) fails; for a passed-through mechanism the host may instead
+                             call smtpe_server_auth_challenge. */
+    SMTPE_EV_BDAT,        /* A BDAT chunk begins (ev.bdat, RFC 3030); DATA_CHUNK events follow.
+                             No verdict. */
+    SMTPE_EV_CHUNK_END,   /* A BDAT chunk without LAST has been read (ev.bdat). Needs a verdict:
+                             2xx (250 2.0.0 by accept), or 4xx/5xx which ends the transaction. */
+    SMTPE_EV_PROXY,       /* A valid PROXY header (ev.proxy). Needs a verdict: accept (or 220
+                             with a greeting text) queues the greeting; 421 or 5xx closes as
+                             smtpe_server_close does. */
+    SMTPE_EV_PROXY_INVALID, /* A malformed or oversized PROXY header: the session wants to
+                               close, nothing is sent. No verdict. */
+    SMTPE_EV_XCLIENT,     /* XCLIENT from a trusted peer (ev.xclient). Needs a verdict: accept
+                             (or 220) queues a new greeting and resets the session as after
+                             connect (HELO, transaction and AUTH forgotten; TLS kept);
+                             4xx/5xx refuses. */
+    SMTPE_EV_XFORWARD     /* XFORWARD from a trusted peer (ev.xclient). Needs a verdict: accept
+                             (250 2.0.0) or 4xx/5xx. The attributes describe the transaction
+                             that follows. */
 } smtpe_event_type;
 
 /* Flags of a path (smtpe_path.flags). */
@@ -182,9 +238,37 @@ typedef struct smtpe_param {
 
 typedef enum smtpe_body_type {
     SMTPE_BODY_UNSPECIFIED = 0,
-    SMTPE_BODY_7BIT,    /* BODY=7BIT */
-    SMTPE_BODY_8BITMIME /* BODY=8BITMIME (RFC 6152) */
+    SMTPE_BODY_7BIT,      /* BODY=7BIT */
+    SMTPE_BODY_8BITMIME,  /* BODY=8BITMIME (RFC 6152) */
+    SMTPE_BODY_BINARYMIME /* BODY=BINARYMIME (RFC 3030): content only by BDAT, taken verbatim */
 } smtpe_body_type;
+
+/* RET= on MAIL (RFC 3461 §4.3). */
+typedef enum smtpe_dsn_ret {
+    SMTPE_RET_UNSPECIFIED = 0,
+    SMTPE_RET_FULL,
+    SMTPE_RET_HDRS
+} smtpe_dsn_ret;
+
+/* NOTIFY= on RCPT (RFC 3461 §4.1), a bitmask; NEVER is never combined with the others. */
+#define SMTPE_NOTIFY_NEVER (1u << 0)
+#define SMTPE_NOTIFY_SUCCESS (1u << 1)
+#define SMTPE_NOTIFY_FAILURE (1u << 2)
+#define SMTPE_NOTIFY_DELAY (1u << 3)
+
+/* SASL mechanisms the engine decodes (ev.auth.mechanism_id). */
+#define SMTPE_SASL_OTHER 0 /* passed through to the host */
+#define SMTPE_SASL_PLAIN 1 /* RFC 4616 */
+#define SMTPE_SASL_LOGIN 2 /* the de facto LOGIN mechanism (draft-murchison-sasl-login) */
+
+/* PROXY header fields (ev.proxy). */
+#define SMTPE_PROXY_AF_UNSPEC 0
+#define SMTPE_PROXY_AF_INET 1
+#define SMTPE_PROXY_AF_INET6 2
+#define SMTPE_PROXY_AF_UNIX 3
+#define SMTPE_PROXY_TRANSPORT_UNSPEC 0
+#define SMTPE_PROXY_TRANSPORT_STREAM 1
+#define SMTPE_PROXY_TRANSPORT_DGRAM 2
 
 /* ev.data_end.status: why the content ended. Only SMTPE_DATA_OK needs a verdict; for the others
  * the engine has already queued its reply, and the host must discard what it stored. */
@@ -195,24 +279,60 @@ typedef enum smtpe_body_type {
 #define SMTPE_DATA_NORMALISED (1u << 0) /* a bare CR/LF or NUL was normalised */
 #define SMTPE_DATA_HAS_8BIT (1u << 1)   /* an octet above 127 was seen */
 
+/* A PROXY header (HAProxy's proxy-protocol.txt, v1 and v2). For LOCAL (v2), UNKNOWN (v1) and
+ * AF_UNSPEC, local is 1 and the connection's own addresses are the real ones; AF_UNIX addresses
+ * are not decoded (family says UNIX, the address fields stay zero). */
+typedef struct smtpe_proxy_info {
+    int version;          /* 1 or 2 */
+    int local;
+    int family;           /* SMTPE_PROXY_AF_* */
+    int transport;        /* SMTPE_PROXY_TRANSPORT_* */
+    uint8_t src_addr[16]; /* network order; 4 octets for AF_INET, 16 for AF_INET6 */
+    uint8_t dst_addr[16];
+    uint16_t src_port;    /* host order */
+    uint16_t dst_port;
+    smtpe_span tlvs;      /* v2 TLVs as sent, well formed (walk them with smtpe_proxy_tlv_next);
+                             engine memory, valid until the verdict; empty for v1 */
+} smtpe_proxy_info;
+
 typedef struct smtpe_event {
     smtpe_event_type type;
     union {
         struct {
             smtpe_span domain; /* the argument as sent; engine line buffer, valid until verdict */
-            int esmtp;         /* 1 for EHLO, 0 for HELO */
+            int esmtp;         /* 1 for EHLO and LHLO, 0 for HELO */
+            int lmtp;          /* 1 for LHLO (RFC 2033 §4.1) */
         } helo;
+        /* MAIL. Parameters are checked and typed; the xtext values (ENVID, AUTH) are decoded in
+         * place, so their spans, like the matching params[].value, hold the decoded octets
+         * (never CR, LF, NUL or another control octet: those are refused with 501 5.5.4). */
         struct {
             smtpe_path reverse_path;
             uint64_t size;        /* SIZE= value (RFC 1870) when has_size */
             int has_size;
-            smtpe_body_type body; /* BODY= (RFC 6152) */
+            smtpe_body_type body; /* BODY= (RFC 6152, RFC 3030) */
             int smtputf8;         /* SMTPUTF8 given (RFC 6531) */
+            smtpe_dsn_ret ret;    /* RET= (RFC 3461 §4.3) */
+            smtpe_span envid;     /* ENVID= decoded (RFC 3461 §4.4); empty when not given */
+            int has_envid;
+            smtpe_span auth;      /* AUTH= decoded (RFC 4954 §5): a mailbox, empty for <> */
+            int has_auth;
+            int requiretls;       /* REQUIRETLS given (RFC 8689 §4.1; accepted only under TLS) */
+            int mt_priority;      /* MT-PRIORITY= -9..9 (RFC 6710) when has_mt_priority */
+            int has_mt_priority;
+            int64_t by_time;      /* BY= seconds (RFC 2852 §4), may be negative with mode R */
+            char by_mode;         /* 'R' (return) or 'N' (notify); 0 when BY= is absent */
+            int by_trace;         /* the T (trace) flag of BY= */
             size_t param_count;
-            smtpe_param params[SMTPE_MAX_PARAMS]; /* every parameter as sent, in order */
+            smtpe_param params[SMTPE_MAX_PARAMS]; /* every parameter, in order */
         } mail;
+        /* RCPT. ORCPT's xtext is decoded in place like MAIL's ENVID. */
         struct {
             smtpe_path forward_path;
+            unsigned notify;         /* SMTPE_NOTIFY_* (RFC 3461 §4.1); 0 when not given */
+            smtpe_span orcpt_type;   /* ORCPT= addr-type ("rfc822", RFC 3461 §4.2) */
+            smtpe_span orcpt;        /* ORCPT= address, decoded; empty when not given */
+            int has_orcpt;
             size_t param_count;
             smtpe_param params[SMTPE_MAX_PARAMS];
         } rcpt;
@@ -226,7 +346,40 @@ typedef struct smtpe_event {
                               when status stopped the chunks (so it may exceed the limit) */
             int status;    /* SMTPE_DATA_* */
             unsigned flags;
+            int chunked;   /* the content came by BDAT (RFC 3030), not DATA */
+            unsigned replies; /* verdicts the event takes: 1, or under LMTP one per accepted
+                                 recipient, in recipient order (RFC 2033 §4.2); with a status
+                                 other than OK the engine gave them all already */
         } data_end;
+        /* BDAT and CHUNK_END (RFC 3030 §2). */
+        struct {
+            uint64_t size; /* the chunk's octet count as the command gave it */
+            int last;      /* the command had LAST */
+            int first;     /* the first chunk of the transaction */
+        } bdat;
+        /* AUTH (RFC 4954 §4). Decoded octets in engine memory, valid until the verdict; the
+         * engine wipes them after it. */
+        struct {
+            smtpe_span mechanism; /* as sent (any case) */
+            int mechanism_id;     /* SMTPE_SASL_* */
+            /* PLAIN and LOGIN: the whole credentials (LOGIN has no authzid). */
+            smtpe_span authzid, authcid, password;
+            /* Other mechanisms: the client's response for this step, base64-decoded.
+             * has_response is 0 for an AUTH command without an initial response ("=" is an
+             * empty one, RFC 4954 §4). step is 0 for the AUTH command, then 1, 2, ... for the
+             * responses to the host's challenges. */
+            smtpe_span response;
+            int has_response;
+            unsigned step;
+        } auth;
+        smtpe_proxy_info proxy;
+        /* XCLIENT, XFORWARD: attribute=value pairs (NAME, ADDR, PORT, PROTO, HELO, LOGIN,
+         * DESTADDR, DESTPORT; XFORWARD: IDENT, SOURCE), xtext-decoded in place; values such as
+         * "[UNAVAILABLE]" are passed as sent. Valid until the verdict. */
+        struct {
+            size_t count;
+            smtpe_param attrs[SMTPE_MAX_PARAMS];
+        } xclient;
         /* VRFY, EXPN, UNKNOWN: verb and the argument text after one space (may be empty).
          * Engine line buffer, valid until the verdict. */
         struct {
@@ -235,6 +388,11 @@ typedef struct smtpe_event {
         } command;
     };
 } smtpe_event;
+
+/* Walks the TLVs of a PROXY v2 header: takes the next one from *tlvs into *type and *value
+ * (a span into the same octets) and advances *tlvs past it. Returns 1, or 0 at the end (or if
+ * the rest is malformed, which the engine has already ruled out for ev.proxy.tlvs). */
+SMTPE_EXTERN int smtpe_proxy_tlv_next(smtpe_span *tlvs, uint8_t *type, smtpe_span *value);
 
 /* Returns 1 if an event of this kind waits for smtpe_server_reply or smtpe_server_accept. */
 SMTPE_EXTERN int smtpe_event_needs_reply(const smtpe_event *ev);
@@ -246,11 +404,11 @@ typedef struct smtpe_server smtpe_server;
 
 /* Octets of memory one session needs for cfg: a fixed size, never growing. It is
  *   S + (max_line_length - 2) + max(reply_buffer_size, R + 600)
- * where S is the session struct (under 1 KiB, rounded to max_align_t), 600 octets are kept for a
- * final 421/221 line, and R = max(2560, the EHLO reply's bound 646 (a first line of up to 400
- * octets and the built-in extensions) + sum(6 + strlen(ehlo_extra[i]))) is the room one reply
- * may need. With the defaults: about
- * 1 KiB + 510 + 4096 octets. Returns 0 if cfg is invalid. */
+ * where S is the session struct (about 2 KiB, rounded to max_align_t; it holds the LOGIN
+ * user name), 600 octets are kept for a final 421/221 line, and R = max(2560, E) is the room
+ * one reply may need, with E the EHLO reply's bound: 1100 (a first line of up to 400 octets
+ * and the built-in extensions) + strlen(auth_mechanisms) + sum(6 + strlen(ehlo_extra[i])).
+ * With the defaults: about 2 KiB + 510 + 4096 octets. Returns 0 if cfg is invalid. */
 SMTPE_EXTERN size_t smtpe_server_memory_size(const smtpe_server_config *cfg);
 
 /* Creates a session with one allocation of smtpe_server_memory_size(cfg) octets through alloc
@@ -306,6 +464,31 @@ SMTPE_EXTERN int smtpe_server_reply(smtpe_server *s, unsigned code, const char *
  * UNKNOWN 500 5.5.1. Returns 0 or SMTPE_ERR_STATE. */
 SMTPE_EXTERN int smtpe_server_accept(smtpe_server *s);
 
+/* STARTTLS (RFC 3207 §4.2) and implicit TLS (RFC 8314). After accepting SMTPE_EV_STARTTLS the
+ * session wants SMTPE_WANT_TLS: the host sends the queued 220, feeds any octets it has already
+ * read (the engine consumes and discards them: they arrived before TLS and may be an injection,
+ * CVE-2011-0411; their count is in stats.discarded_octets), runs the TLS handshake itself
+ * (the engine keeps no timer meanwhile), and calls this function once TLS is up. The session
+ * then starts afresh: no HELO, no transaction, no AUTH; STARTTLS is no longer offered. Called
+ * before the session has consumed or sent any octet, it marks the session as running under TLS
+ * from the start (port 465). now_ms restarts the command timeout.
+ * Returns 0, SMTPE_ERR_INVALID_ARGUMENT or SMTPE_ERR_STATE (no handshake was asked for and the
+ * session is under way, or TLS is already up). */
+SMTPE_EXTERN int smtpe_server_tls_started(smtpe_server *s, uint64_t now_ms);
+
+/* For an SMTPE_EV_AUTH of a passed-through mechanism (mechanism_id SMTPE_SASL_OTHER): queues
+ * the challenge "334 <base64 of data>" (data may be empty) instead of a verdict; the client's
+ * next line comes back as another SMTPE_EV_AUTH with step + 1 ("*" cancels: the engine answers
+ * 501 5.0.0 and the exchange ends without an event). len is at most 1536 octets.
+ * Returns 0, SMTPE_ERR_STATE (no such event waits), SMTPE_ERR_INVALID_ARGUMENT or
+ * SMTPE_ERR_REPLY_TOO_LONG. RFC 4954 §4. */
+SMTPE_EXTERN int smtpe_server_auth_challenge(smtpe_server *s, const uint8_t *data, size_t len);
+
+/* Marks the peer as trusted (1) or not (0, the default) for XCLIENT and XFORWARD: only a
+ * trusted peer sees them in the EHLO reply and may use them; others get 550 5.7.0. The mark
+ * survives XCLIENT. Returns 0 or SMTPE_ERR_INVALID_ARGUMENT. */
+SMTPE_EXTERN int smtpe_server_set_trusted(smtpe_server *s, int trusted);
+
 /* Queues a final reply (code 421 or 221 or 5xx; NULL enhanced/text as in smtpe_server_reply)
  * and makes the session want to close once output is sent; it consumes no more input. If no
  * octet has been sent yet, the reply replaces the greeting (e.g. 421 4.7.0 at connect when the
@@ -328,6 +511,9 @@ SMTPE_EXTERN int smtpe_server_send_ack(smtpe_server *s, size_t n);
 #define SMTPE_WANT_CLOSE (1u << 2) /* the session is over: close once output is sent */
 #define SMTPE_WANT_VERDICT (1u << 3) /* an event waits for the host's verdict */
 #define SMTPE_WANT_EVENT (1u << 4)   /* an event waits to be taken with next_event */
+#define SMTPE_WANT_TLS (1u << 5)     /* STARTTLS accepted: send the output, feed what was
+                                        already read, run the handshake, then call
+                                        smtpe_server_tls_started */
 SMTPE_EXTERN unsigned smtpe_server_want(const smtpe_server *s);
 
 /* The monotonic time in ms at which smtpe_server_handle_expiry must be called, or UINT64_MAX
@@ -351,6 +537,9 @@ typedef struct smtpe_server_stats {
     unsigned errors;         /* protocol errors counted against max_errors */
     unsigned transactions;   /* messages whose content ended with SMTPE_DATA_OK */
     unsigned recipients;     /* recipients accepted, all transactions */
+    uint64_t discarded_octets; /* octets that followed STARTTLS before TLS was up, discarded */
+    int tls;                 /* TLS is up (smtpe_server_tls_started) */
+    int authenticated;       /* AUTH succeeded in this session (since the last TLS/XCLIENT) */
 } smtpe_server_stats;
 SMTPE_EXTERN void smtpe_server_get_stats(const smtpe_server *s, smtpe_server_stats *st);
 

@@ -399,7 +399,11 @@ static void test_command_split(void **state)
         {"MAI", SMTPE__VERB_UNKNOWN, "MAI", ""},
         {"HEL", SMTPE__VERB_UNKNOWN, "HEL", ""},
         {"DATAX", SMTPE__VERB_UNKNOWN, "DATAX", ""},
-        {"STARTTLS", SMTPE__VERB_UNKNOWN, "STARTTLS", ""},
+        {"STARTTLS", SMTPE__VERB_STARTTLS, "STARTTLS", ""},
+        {"starttls", SMTPE__VERB_STARTTLS, "starttls", ""},
+        {"STARTTLSX", SMTPE__VERB_UNKNOWN, "STARTTLSX", ""},
+        {"BDAT 10 LAST", SMTPE__VERB_BDAT, "BDAT", "10 LAST"},
+        {"XFORWARD NAME=a", SMTPE__VERB_XFORWARD, "XFORWARD", "NAME=a"},
         {"", SMTPE__VERB_UNKNOWN, "", ""},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
