@@ -914,9 +914,12 @@ static int mechanism_offered(const smtpe_server *s, smtpe_span m)
 {
     const char *p = s->cfg->auth_mechanisms;
     while (*p) {
-        size_t n = strcspn(p, " ");
-        if (n == m.len && smtpe__has_prefix_ci(m.ptr, m.len, p) &&
-            (p[n] == ' ' || p[n] == 0))
+        size_t n = strcspn(p, " "), i = 0;
+        while (i < n && i < m.len && (m.ptr[i] == (uint8_t)p[i] ||
+                                      (m.ptr[i] >= 'a' && m.ptr[i] <= 'z' &&
+                                       m.ptr[i] - 'a' + 'A' == (uint8_t)p[i])))
+            i++;
+        if (i == n && n == m.len)
             return 1;
         p += n;
         while (*p == ' ')

@@ -3,12 +3,15 @@
 # missing. Idempotent; runs as root or through sudo. Usage: tests/deps.sh
 set -euo pipefail
 
-PACKAGES=(build-essential cmake pkg-config clang libclang-rt-14-dev libcmocka-dev python3 swaks curl)
+# libssl-dev, libcrypt-dev: STARTTLS and AUTH in smtpe-server. openssl (certificates, password
+# hashes), haproxy (PROXY protocol) and libnet-ssleay-perl (swaks --tls): integration tests.
+PACKAGES=(build-essential cmake pkg-config clang libclang-rt-14-dev libcmocka-dev python3 swaks curl
+    libssl-dev libcrypt-dev openssl haproxy libnet-ssleay-perl)
 
 if ! command -v dpkg-query >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1; then
     echo "deps.sh: not a Debian-like system (no dpkg-query/apt-get); install these yourself:" >&2
     echo "  ${PACKAGES[*]}" >&2
-    for tool in cc cmake clang python3 swaks curl; do
+    for tool in cc cmake clang python3 swaks curl openssl haproxy; do
         command -v "$tool" >/dev/null 2>&1 || { echo "deps.sh: missing $tool" >&2; exit 1; }
     done
     exit 0

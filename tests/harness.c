@@ -1,6 +1,7 @@
 /* harness.c - helpers shared by the smtpe tests. See harness.h. */
 #include "harness.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -293,11 +294,112 @@ static void format_quoted(hs_buf *out, smtpe_span sp)
     hs_buf_adds(out, "\"");
 }
 
+static int format_auth(hs_buf *out, const smtpe_event *ev, hs_buf *err)
+{
+    hs_buf_adds(out, "AUTH ");
+    add_span(out, ev->auth.mechanism);
+    switch (ev->auth.mechanism_id) {
+    case SMTPE_SASL_PLAIN:
+    case SMTPE_SASL_LOGIN:
+        if (ev->auth.mechanism_id == SMTPE_SASL_PLAIN || ev->auth.authzid.len) {
+            hs_buf_adds(out, " authzid=");
+            format_quoted(out, ev->auth.authzid);
+        }
+        hs_buf_adds(out, " authcid=");
+        format_quoted(out, ev->auth.authcid);
+        hs_buf_adds(out, " password=");
+        format_quoted(out, ev->auth.password);
+        return 0;
+    case SMTPE_SASL_OTHER:
+        hs_buf_addf(out, " step=%u response=", ev->auth.step);
+        if (ev->auth.has_response) {
+            format_quoted(out, ev->auth.response);
+        } else {
+            if (ev->auth.response.len) {
+                hs_buf_adds(err, "AUTH response span without has_response");
+                return -1;
+            }
+            hs_buf_adds(out, "none");
+        }
+        return 0;
+    default:
+        hs_buf_addf(err, "AUTH with unknown mechanism_id %d", ev->auth.mechanism_id);
+        return -1;
+    }
+}
+
+static void format_addr(hs_buf *out, int family, const uint8_t *addr, uint16_t port)
+{
+    char text[INET6_ADDRSTRLEN];
+    if (family == SMTPE_PROXY_AF_INET) {
+        inet_ntop(AF_INET, addr, text, sizeof text);
+        hs_buf_addf(out, "%s:%u", text, (unsigned)port);
+    } else {
+        inet_ntop(AF_INET6, addr, text, sizeof text);
+        hs_buf_addf(out, "[%s]:%u", text, (unsigned)port);
+    }
+}
+
+static int format_proxy(hs_buf *out, const smtpe_proxy_info *p, hs_buf *err)
+{
+    static const char *const families[] = {"unspec", "inet", "inet6", "unix"};
+    if (p->version != 1 && p->version != 2) {
+        hs_buf_addf(err, "PROXY version %d", p->version);
+        return -1;
+    }
+    if (p->family < 0 || p->family > SMTPE_PROXY_AF_UNIX) {
+        hs_buf_addf(err, "PROXY family %d", p->family);
+        return -1;
+    }
+    hs_buf_addf(out, "PROXY v%d", p->version);
+    if (p->local)
+        hs_buf_adds(out, " local");
+    if (p->family != SMTPE_PROXY_AF_UNSPEC) {
+        hs_buf_addf(out, " %s", families[p->family]);
+        if (p->transport == SMTPE_PROXY_TRANSPORT_DGRAM)
+            hs_buf_adds(out, " dgram");
+        else if (p->transport != SMTPE_PROXY_TRANSPORT_STREAM)
+            hs_buf_addf(out, " transport=%d", p->transport);
+        if (p->family != SMTPE_PROXY_AF_UNIX) {
+            hs_buf_adds(out, " ");
+            format_addr(out, p->family, p->src_addr, p->src_port);
+            hs_buf_adds(out, " -> ");
+            format_addr(out, p->family, p->dst_addr, p->dst_port);
+        }
+    }
+    if (p->tlvs.len) {
+        if (p->version == 1) {
+            hs_buf_adds(err, "PROXY v1 with TLVs");
+            return -1;
+        }
+        /* smtpe_proxy_tlv_next must walk exactly the octets given */
+        smtpe_span walk = p->tlvs;
+        uint8_t type;
+        smtpe_span value;
+        size_t covered = 0;
+        while (smtpe_proxy_tlv_next(&walk, &type, &value))
+            covered += 3 + value.len;
+        if (covered != p->tlvs.len || walk.len != 0) {
+            hs_buf_addf(err, "PROXY TLVs of %zu octets, but smtpe_proxy_tlv_next walks %zu",
+                        p->tlvs.len, covered);
+            return -1;
+        }
+        hs_buf_adds(out, " tlvs=");
+        for (size_t i = 0; i < p->tlvs.len; i++)
+            hs_buf_addf(out, "%02x", p->tlvs.ptr[i]);
+    }
+    return 0;
+}
+
 int hs_format_event(hs_buf *out, const smtpe_event *ev, hs_buf *err)
 {
     switch (ev->type) {
     case SMTPE_EV_HELO:
-        hs_buf_adds(out, ev->helo.esmtp ? "EHLO " : "HELO ");
+        if (ev->helo.lmtp && !ev->helo.esmtp) {
+            hs_buf_adds(err, "HELO event with lmtp set but esmtp not");
+            return -1;
+        }
+        hs_buf_adds(out, ev->helo.lmtp ? "LHLO " : ev->helo.esmtp ? "EHLO " : "HELO ");
         add_span(out, ev->helo.domain);
         return 0;
     case SMTPE_EV_MAIL:
@@ -310,10 +412,43 @@ int hs_format_event(hs_buf *out, const smtpe_event *ev, hs_buf *err)
             hs_buf_adds(out, " body=7BIT");
         else if (ev->mail.body == SMTPE_BODY_8BITMIME)
             hs_buf_adds(out, " body=8BITMIME");
+        else if (ev->mail.body == SMTPE_BODY_BINARYMIME)
+            hs_buf_adds(out, " body=BINARYMIME");
         else if (ev->mail.body != SMTPE_BODY_UNSPECIFIED)
             hs_buf_addf(out, " body=%d", (int)ev->mail.body);
         if (ev->mail.smtputf8)
             hs_buf_adds(out, " smtputf8");
+        if (ev->mail.ret == SMTPE_RET_FULL)
+            hs_buf_adds(out, " ret=FULL");
+        else if (ev->mail.ret == SMTPE_RET_HDRS)
+            hs_buf_adds(out, " ret=HDRS");
+        else if (ev->mail.ret != SMTPE_RET_UNSPECIFIED)
+            hs_buf_addf(out, " ret=%d", (int)ev->mail.ret);
+        if (ev->mail.has_envid) {
+            hs_buf_adds(out, " envid=");
+            format_quoted(out, ev->mail.envid);
+        } else if (ev->mail.envid.len) {
+            hs_buf_adds(err, "MAIL envid span without has_envid");
+            return -1;
+        }
+        if (ev->mail.has_auth) {
+            hs_buf_adds(out, " auth=");
+            format_quoted(out, ev->mail.auth);
+        } else if (ev->mail.auth.len) {
+            hs_buf_adds(err, "MAIL auth span without has_auth");
+            return -1;
+        }
+        if (ev->mail.requiretls)
+            hs_buf_adds(out, " requiretls");
+        if (ev->mail.has_mt_priority)
+            hs_buf_addf(out, " mt_priority=%d", ev->mail.mt_priority);
+        if (ev->mail.by_mode) {
+            hs_buf_addf(out, " by=%lld;%c%s", (long long)ev->mail.by_time, ev->mail.by_mode,
+                        ev->mail.by_trace ? "T" : "");
+        } else if (ev->mail.by_trace || ev->mail.by_time) {
+            hs_buf_adds(err, "MAIL BY= fields without by_mode");
+            return -1;
+        }
         if (ev->mail.param_count > SMTPE_MAX_PARAMS) {
             hs_buf_addf(err, "MAIL param_count %zu", ev->mail.param_count);
             return -1;
@@ -324,6 +459,34 @@ int hs_format_event(hs_buf *out, const smtpe_event *ev, hs_buf *err)
         hs_buf_adds(out, "RCPT ");
         if (format_path(out, &ev->rcpt.forward_path, err) < 0)
             return -1;
+        if (ev->rcpt.notify) {
+            static const struct {
+                unsigned bit;
+                const char *name;
+            } nn[] = {{SMTPE_NOTIFY_NEVER, "never"},
+                      {SMTPE_NOTIFY_SUCCESS, "success"},
+                      {SMTPE_NOTIFY_FAILURE, "failure"},
+                      {SMTPE_NOTIFY_DELAY, "delay"}};
+            unsigned rest = ev->rcpt.notify;
+            const char *sep = " notify=";
+            for (size_t i = 0; i < sizeof nn / sizeof nn[0]; i++)
+                if (rest & nn[i].bit) {
+                    hs_buf_addf(out, "%s%s", sep, nn[i].name);
+                    sep = ",";
+                    rest &= ~nn[i].bit;
+                }
+            if (rest)
+                hs_buf_addf(out, "%s0x%x", sep, rest);
+        }
+        if (ev->rcpt.has_orcpt) {
+            hs_buf_adds(out, " orcpt=");
+            add_span(out, ev->rcpt.orcpt_type);
+            hs_buf_adds(out, ";");
+            format_quoted(out, ev->rcpt.orcpt);
+        } else if (ev->rcpt.orcpt.len || ev->rcpt.orcpt_type.len) {
+            hs_buf_adds(err, "RCPT orcpt spans without has_orcpt");
+            return -1;
+        }
         if (ev->rcpt.param_count > SMTPE_MAX_PARAMS) {
             hs_buf_addf(err, "RCPT param_count %zu", ev->rcpt.param_count);
             return -1;
@@ -347,6 +510,10 @@ int hs_format_event(hs_buf *out, const smtpe_event *ev, hs_buf *err)
         if (ev->data_end.flags & ~(SMTPE_DATA_NORMALISED | SMTPE_DATA_HAS_8BIT))
             hs_buf_addf(out, " flags=0x%x",
                         ev->data_end.flags & ~(SMTPE_DATA_NORMALISED | SMTPE_DATA_HAS_8BIT));
+        if (ev->data_end.chunked)
+            hs_buf_adds(out, " chunked");
+        if (ev->data_end.replies != 1)
+            hs_buf_addf(out, " replies=%u", ev->data_end.replies);
         return 0;
     case SMTPE_EV_RSET: hs_buf_adds(out, "RSET"); return 0;
     case SMTPE_EV_QUIT: hs_buf_adds(out, "QUIT"); return 0;
@@ -362,6 +529,33 @@ int hs_format_event(hs_buf *out, const smtpe_event *ev, hs_buf *err)
         format_quoted(out, ev->command.verb);
         hs_buf_adds(out, " ");
         format_quoted(out, ev->command.argument);
+        return 0;
+    case SMTPE_EV_STARTTLS: hs_buf_adds(out, "STARTTLS"); return 0;
+    case SMTPE_EV_AUTH: return format_auth(out, ev, err);
+    case SMTPE_EV_BDAT:
+    case SMTPE_EV_CHUNK_END:
+        hs_buf_addf(out, "%s %llu", ev->type == SMTPE_EV_BDAT ? "BDAT" : "CHUNK_END",
+                    (unsigned long long)ev->bdat.size);
+        if (ev->bdat.last)
+            hs_buf_adds(out, " last");
+        if (ev->bdat.first)
+            hs_buf_adds(out, " first");
+        return 0;
+    case SMTPE_EV_PROXY: return format_proxy(out, &ev->proxy, err);
+    case SMTPE_EV_PROXY_INVALID: hs_buf_adds(out, "PROXY_INVALID"); return 0;
+    case SMTPE_EV_XCLIENT:
+    case SMTPE_EV_XFORWARD:
+        hs_buf_adds(out, ev->type == SMTPE_EV_XCLIENT ? "XCLIENT" : "XFORWARD");
+        if (ev->xclient.count > SMTPE_MAX_PARAMS) {
+            hs_buf_addf(err, "XCLIENT/XFORWARD count %zu", ev->xclient.count);
+            return -1;
+        }
+        for (size_t i = 0; i < ev->xclient.count; i++) {
+            hs_buf_adds(out, " ");
+            add_span(out, ev->xclient.attrs[i].keyword);
+            hs_buf_adds(out, "=");
+            add_span(out, ev->xclient.attrs[i].value);
+        }
         return 0;
     default:
         hs_buf_addf(err, "event of unknown type %d", (int)ev->type);
@@ -479,6 +673,30 @@ void hs_sess_flush_content(hs_sess *s)
     s->in_content = 0;
 }
 
+/* Takes the queued output into s->out. Returns the octets taken, 0 when there were none or on
+ * a failure (s->failed). */
+static size_t take_output(hs_sess *s)
+{
+    size_t len = 0;
+    const uint8_t *p = smtpe_server_send_buf(s->srv, &len);
+    if (len == 0)
+        return 0;
+    if (!p) {
+        hs_sess_fail(s, "smtpe_server_send_buf gave NULL with length %zu", len);
+        return 0;
+    }
+    if (len > s->cfg->reply_buffer_size)
+        hs_sess_fail(s, "smtpe_server_send_buf gave %zu octets, more than reply_buffer_size",
+                     len);
+    hs_buf_add(&s->out, p, len);
+    int rc = smtpe_server_send_ack(s->srv, len);
+    if (rc != 0) {
+        hs_sess_fail(s, "smtpe_server_send_ack returned %d", rc);
+        return 0;
+    }
+    return len;
+}
+
 static void handle_event(hs_sess *s, const smtpe_event *ev)
 {
     if (ev->type == SMTPE_EV_DATA_CHUNK) {
@@ -489,8 +707,9 @@ static void handle_event(hs_sess *s, const smtpe_event *ev)
         s->in_content = 1;
         return;
     }
-    if (ev->type == SMTPE_EV_DATA_END)
-        s->in_content = 1; /* every message gets a CONTENT entry, even an empty one */
+    /* every message, and every BDAT chunk, gets a CONTENT entry, even an empty one */
+    if (ev->type == SMTPE_EV_DATA_END || ev->type == SMTPE_EV_CHUNK_END)
+        s->in_content = 1;
     hs_sess_flush_content(s);
     hs_buf line = {0}, err = {0};
     if (hs_format_event(&line, ev, &err) < 0)
@@ -498,16 +717,114 @@ static void handle_event(hs_sess *s, const smtpe_event *ev)
     hs_log_add(&s->log, line.p, line.len);
     hs_buf_free(&line);
     hs_buf_free(&err);
+    if (ev->type == SMTPE_EV_STARTTLS) {
+        /* Replies queued before this event belong to earlier commands (RFC 2920 order): take
+         * them now, so that the output after the mark is this event's reply alone. */
+        while (!s->failed && take_output(s) > 0) {
+        }
+        smtpe_server_stats st;
+        smtpe_server_get_stats(s->srv, &st);
+        s->tls_mark = 1;
+        s->tls_mark_log = s->log.n;
+        s->tls_mark_out = s->out.len;
+        s->tls_mark_consumed = s->consumed;
+        s->tls_mark_discarded = st.discarded_octets;
+    }
     if (smtpe_event_needs_reply(ev)) {
         if (s->verdict) {
             if (s->verdict(s, ev, s->verdict_ud) < 0)
                 hs_sess_fail(s, "verdict failed");
         } else {
-            int rc = smtpe_server_accept(s->srv);
-            if (rc != 0)
-                hs_sess_fail(s, "smtpe_server_accept returned %d (%s)", rc, smtpe_strerror(rc));
+            /* under LMTP the end of the content takes one verdict per recipient */
+            unsigned n = ev->type == SMTPE_EV_DATA_END && ev->data_end.replies > 1
+                             ? ev->data_end.replies
+                             : 1;
+            for (unsigned i = 0; i < n && !s->failed; i++) {
+                int rc = smtpe_server_accept(s->srv);
+                if (rc != 0)
+                    hs_sess_fail(s, "smtpe_server_accept returned %d (%s)", rc,
+                                 smtpe_strerror(rc));
+            }
         }
     }
+}
+
+/* 1 if p[0..n) is exactly one reply with the given code: "ccc-text" lines, then "ccc text". */
+static int is_one_reply(const uint8_t *p, size_t n, unsigned code)
+{
+    char c[4];
+    snprintf(c, sizeof c, "%03u", code);
+    size_t i = 0;
+    while (i < n) {
+        size_t e = i;
+        while (e + 1 < n && !(p[e] == '\r' && p[e + 1] == '\n'))
+            e++;
+        if (e + 1 >= n || e - i < 4 || memcmp(p + i, c, 3) != 0)
+            return 0;
+        if (p[i + 3] == ' ')
+            return e + 2 == n;
+        if (p[i + 3] != '-')
+            return 0;
+        i = e + 2;
+    }
+    return 0;
+}
+
+int hs_sess_tls(hs_sess *s, int implicit)
+{
+    if (s->failed)
+        return -1;
+    if (!implicit) {
+        unsigned want = smtpe_server_want(s->srv);
+        if (!(want & SMTPE_WANT_TLS)) {
+            hs_sess_fail(s, "TLS, but the session does not want a TLS handshake (want=0x%x)",
+                         want);
+            return -1;
+        }
+        if (!s->tls_mark) {
+            hs_sess_fail(s, "the session wants a TLS handshake without a STARTTLS event");
+            return -1;
+        }
+        if (s->log.n != s->tls_mark_log) {
+            hs_buf d = {0};
+            hs_escape(&d, s->log.items[s->tls_mark_log].p, s->log.items[s->tls_mark_log].len);
+            hs_sess_fail(s, "an event between the STARTTLS reply and the handshake: %s",
+                         hs_buf_cstr(&d));
+            hs_buf_free(&d);
+            return -1;
+        }
+        if (!is_one_reply(s->out.p + s->tls_mark_out, s->out.len - s->tls_mark_out, 220)) {
+            hs_buf d = {0};
+            hs_escape(&d, s->out.p + s->tls_mark_out, s->out.len - s->tls_mark_out);
+            hs_sess_fail(s, "between STARTTLS and the handshake the server sent \"%s\", not "
+                            "exactly one 220 reply", hs_buf_cstr(&d));
+            hs_buf_free(&d);
+            return -1;
+        }
+        smtpe_server_stats st;
+        smtpe_server_get_stats(s->srv, &st);
+        uint64_t fed = s->consumed - s->tls_mark_consumed;
+        uint64_t discarded = st.discarded_octets - s->tls_mark_discarded;
+        if (fed != discarded) {
+            hs_sess_fail(s, "%llu octets consumed between STARTTLS and the handshake, but "
+                            "%llu discarded", (unsigned long long)fed,
+                         (unsigned long long)discarded);
+            return -1;
+        }
+    }
+    int rc = smtpe_server_tls_started(s->srv, s->now);
+    if (rc != 0) {
+        hs_sess_fail(s, "smtpe_server_tls_started returned %d (%s)", rc, smtpe_strerror(rc));
+        return -1;
+    }
+    smtpe_server_stats st;
+    smtpe_server_get_stats(s->srv, &st);
+    if (!st.tls) {
+        hs_sess_fail(s, "stats.tls is 0 after smtpe_server_tls_started");
+        return -1;
+    }
+    s->tls_mark = 0;
+    return 0;
 }
 
 size_t hs_sess_drain(hs_sess *s)
@@ -526,8 +843,9 @@ size_t hs_sess_drain(hs_sess *s)
             hs_sess_fail(s, "smtpe_server_next_event returned %d", got);
             break;
         }
-        size_t len = 0;
-        const uint8_t *p = smtpe_server_send_buf(s->srv, &len);
+        size_t len = take_output(s);
+        if (s->failed)
+            break;
         if (len == 0) {
             /* A well-behaved host calls handle_expiry whenever expiry() says it is due (after
              * a verdict the engine asks for the time this way to restart its timer). */
@@ -547,19 +865,6 @@ size_t hs_sess_drain(hs_sess *s)
                     continue;
                 }
             }
-            break;
-        }
-        if (!p) {
-            hs_sess_fail(s, "smtpe_server_send_buf gave NULL with length %zu", len);
-            break;
-        }
-        if (len > s->cfg->reply_buffer_size)
-            hs_sess_fail(s, "smtpe_server_send_buf gave %zu octets, more than reply_buffer_size",
-                         len);
-        hs_buf_add(&s->out, p, len);
-        int rc = smtpe_server_send_ack(s->srv, len);
-        if (rc != 0) {
-            hs_sess_fail(s, "smtpe_server_send_ack returned %d", rc);
             break;
         }
         happened += len;
@@ -583,6 +888,7 @@ size_t hs_sess_feed(hs_sess *s, const uint8_t *p, size_t n, hs_splitter *sp)
             break;
         }
         off += (size_t)r;
+        s->consumed += (uint64_t)r;
         size_t happened = hs_sess_drain(s);
         if (r == 0 && happened == 0) {
             if (smtpe_server_want(s->srv) & SMTPE_WANT_CLOSE)
@@ -635,7 +941,16 @@ static const struct {
                  {"SIZE", SMTPE_EXT_SIZE},
                  {"8BITMIME", SMTPE_EXT_8BITMIME},
                  {"SMTPUTF8", SMTPE_EXT_SMTPUTF8},
-                 {"ENHANCEDSTATUSCODES", SMTPE_EXT_ENHANCEDSTATUSCODES}};
+                 {"ENHANCEDSTATUSCODES", SMTPE_EXT_ENHANCEDSTATUSCODES},
+                 {"STARTTLS", SMTPE_EXT_STARTTLS},
+                 {"CHUNKING", SMTPE_EXT_CHUNKING},
+                 {"BINARYMIME", SMTPE_EXT_BINARYMIME},
+                 {"DSN", SMTPE_EXT_DSN},
+                 {"REQUIRETLS", SMTPE_EXT_REQUIRETLS},
+                 {"MT-PRIORITY", SMTPE_EXT_MT_PRIORITY},
+                 {"DELIVERBY", SMTPE_EXT_DELIVERBY},
+                 {"XCLIENT", SMTPE_EXT_XCLIENT},
+                 {"XFORWARD", SMTPE_EXT_XFORWARD}};
 
 static int parse_extensions(const char *v, unsigned *ext)
 {
@@ -688,6 +1003,12 @@ static int apply_config(hs_script *sc, const char *key, const char *val, hs_buf 
         c->greeting_text = sc->greeting_text;
         return 0;
     }
+    if (strcmp(key, "auth_mechanisms") == 0) {
+        free(sc->auth_mechanisms);
+        sc->auth_mechanisms = xstrdup(val);
+        c->auth_mechanisms = sc->auth_mechanisms;
+        return 0;
+    }
     if (strcmp(key, "ehlo_extra") == 0) {
         sc->extra = xrealloc(sc->extra, (sc->extra_n + 1) * sizeof *sc->extra);
         sc->extra[sc->extra_n++] = xstrdup(val);
@@ -733,6 +1054,16 @@ static int apply_config(hs_script *sc, const char *key, const char *val, hs_buf 
         c->lax_angle_brackets = (int)v;
     else if (strcmp(key, "reply_buffer_size") == 0)
         c->reply_buffer_size = (size_t)v;
+    else if (strcmp(key, "auth_without_tls") == 0)
+        c->auth_without_tls = (int)v;
+    else if (strcmp(key, "require_tls") == 0)
+        c->require_tls = (int)v;
+    else if (strcmp(key, "lmtp") == 0)
+        c->lmtp = (int)v;
+    else if (strcmp(key, "proxy_protocol") == 0)
+        c->proxy_protocol = (int)v;
+    else if (strcmp(key, "trusted") == 0)
+        sc->trusted = (int)v;
     else {
         hs_buf_addf(err, "unknown setting @%s", key);
         return -1;
@@ -747,7 +1078,8 @@ static const struct {
 } line_kinds[] = {{"C:", HS_L_CLIENT, 1},   {"B:", HS_L_RAW, 1},     {"S:", HS_L_SERVER, 1},
                   {"E:", HS_L_EVENT, 1},    {"H:", HS_L_HOST, 1},    {"CLOSE:", HS_L_CLOSE, 1},
                   {"TIME", HS_L_TIME, 1},   {"SILENT", HS_L_SILENT, 0},
-                  {"CLOSED", HS_L_CLOSED, 0}, {"OPEN", HS_L_OPEN, 0}};
+                  {"CLOSED", HS_L_CLOSED, 0}, {"OPEN", HS_L_OPEN, 0},
+                  {"TLS", HS_L_TLS, 0},     {"DISCARDED", HS_L_DISCARDED, 1}};
 
 int hs_script_load(hs_script *sc, const char *path, hs_buf *err)
 {
@@ -851,6 +1183,7 @@ void hs_script_free(hs_script *sc)
     free(sc->extra_ptrs);
     free(sc->hostname);
     free(sc->greeting_text);
+    free(sc->auth_mechanisms);
     free(sc->path);
     memset(sc, 0, sizeof *sc);
 }
@@ -867,9 +1200,55 @@ void hs_script_input(const hs_script *sc, hs_buf *out)
     }
 }
 
-/* A host verdict: "accept", or code [enhanced|-] [text]. */
+void hs_script_plan(const hs_script *sc, hs_plan *plan)
+{
+    memset(plan, 0, sizeof *plan);
+    plan->trusted = sc->trusted;
+    size_t off = 0;
+    hs_buf tmp = {0};
+    for (size_t i = 0; i < sc->n; i++) {
+        const hs_line *l = &sc->lines[i];
+        if (l->kind == HS_L_CLIENT || l->kind == HS_L_RAW) {
+            hs_buf_reset(&tmp);
+            hs_unescape(&tmp, l->text, strlen(l->text));
+            off += tmp.len + (l->kind == HS_L_CLIENT ? 2 : 0);
+        } else if (l->kind == HS_L_TLS) {
+            if (i == 0) {
+                plan->implicit_tls = 1;
+                continue;
+            }
+            plan->tls_at = xrealloc(plan->tls_at, (plan->ntls + 1) * sizeof *plan->tls_at);
+            plan->tls_at[plan->ntls++] = off;
+        }
+    }
+    hs_buf_free(&tmp);
+}
+
+void hs_plan_free(hs_plan *plan)
+{
+    free(plan->tls_at);
+    memset(plan, 0, sizeof *plan);
+}
+
+int hs_sess_open_plan(hs_sess *s, const smtpe_server_config *cfg, const hs_plan *plan)
+{
+    int rc = hs_sess_open(s, cfg, 0);
+    if (rc != 0)
+        return rc;
+    if (plan && plan->trusted) {
+        int r = smtpe_server_set_trusted(s->srv, 1);
+        if (r != 0)
+            hs_sess_fail(s, "smtpe_server_set_trusted returned %d (%s)", r, smtpe_strerror(r));
+    }
+    if (plan && plan->implicit_tls)
+        hs_sess_tls(s, 1);
+    return 0;
+}
+
+/* A host verdict: "accept", "challenge <octets>", or code [enhanced|-] [text]. */
 typedef struct verdict {
     int accept;
+    int challenge; /* smtpe_server_auth_challenge with text */
     unsigned code;
     int has_enh;
     char enh[32];
@@ -901,6 +1280,14 @@ static int parse_verdict(const char *s, verdict *v)
     if (strcmp(s, "accept") == 0) {
         v->accept = 1;
         return 0;
+    }
+    if (strncmp(s, "challenge", 9) == 0 && (s[9] == 0 || s[9] == ' ')) {
+        v->challenge = 1;
+        s += 9;
+        if (*s)
+            s++;
+        v->has_text = 1;
+        return hs_unescape(&v->text, s, strlen(s));
     }
     if (!(s[0] >= '1' && s[0] <= '9') || !(s[1] >= '0' && s[1] <= '9') ||
         !(s[2] >= '0' && s[2] <= '9') || (s[3] != ' ' && s[3] != 0))
@@ -963,10 +1350,9 @@ static void rfail(runner *r, const hs_line *l, const char *fmt, ...)
                 hs_mode_name(r->mode), tmp);
 }
 
-static int apply_verdict(hs_sess *s, const smtpe_event *ev, void *ud)
+/* Gives one verdict: the next queued H: line, or smtpe_server_accept when none is queued. */
+static int apply_one_verdict(runner *r, hs_sess *s)
 {
-    runner *r = ud;
-    (void)ev;
     if (r->qhead == r->qlen)
         return smtpe_server_accept(s->srv) == 0 ? 0 : (hs_sess_fail(s, "accept failed"), -1);
     const hs_line *l = &r->sc->lines[r->queue[r->qhead++]];
@@ -976,15 +1362,29 @@ static int apply_verdict(hs_sess *s, const smtpe_event *ev, void *ud)
         hs_sess_fail(s, "line %d: cannot parse H: verdict", l->lineno);
         return -1;
     }
-    int rc = v.accept ? smtpe_server_accept(s->srv)
-                      : smtpe_server_reply(s->srv, v.code, v.has_enh ? v.enh : NULL,
-                                           v.has_text ? hs_buf_cstr(&v.text) : NULL);
+    int rc = v.accept      ? smtpe_server_accept(s->srv)
+             : v.challenge ? smtpe_server_auth_challenge(s->srv, v.text.p, v.text.len)
+                           : smtpe_server_reply(s->srv, v.code, v.has_enh ? v.enh : NULL,
+                                                v.has_text ? hs_buf_cstr(&v.text) : NULL);
     hs_buf_free(&v.text);
     if (rc != 0) {
         hs_sess_fail(s, "line %d: the engine refused the H: verdict: %d (%s)", l->lineno, rc,
                      smtpe_strerror(rc));
         return -1;
     }
+    return 0;
+}
+
+static int apply_verdict(hs_sess *s, const smtpe_event *ev, void *ud)
+{
+    runner *r = ud;
+    /* under LMTP the end of the content takes one verdict per accepted recipient */
+    unsigned n = ev->type == SMTPE_EV_DATA_END && ev->data_end.replies > 1
+                     ? ev->data_end.replies
+                     : 1;
+    for (unsigned i = 0; i < n; i++)
+        if (apply_one_verdict(r, s) < 0)
+            return -1;
     return 0;
 }
 
@@ -1166,6 +1566,11 @@ static void step(runner *r, const hs_line *l)
             hs_buf_free(&v.text);
             break;
         }
+        if (v.challenge) {
+            rfail(r, l, "CLOSE: takes a reply, not a challenge");
+            hs_buf_free(&v.text);
+            break;
+        }
         int rc = smtpe_server_close(r->sess.srv, v.code, v.has_enh ? v.enh : NULL,
                                     v.has_text ? hs_buf_cstr(&v.text) : NULL);
         hs_buf_free(&v.text);
@@ -1184,6 +1589,33 @@ static void step(runner *r, const hs_line *l)
         if (!r->failed && (smtpe_server_want(r->sess.srv) & SMTPE_WANT_CLOSE))
             rfail(r, l, "expected the session to be open, but it wants close");
         break;
+    case HS_L_TLS:
+        if (l == r->sc->lines) {
+            /* the first action: TLS from the start (implicit TLS), done at creation */
+            break;
+        }
+        pump(r, l);
+        if (r->failed)
+            break;
+        if (hs_sess_tls(&r->sess, 0) < 0)
+            rfail(r, l, "%s", hs_buf_cstr(&r->sess.err));
+        break;
+    case HS_L_DISCARDED: {
+        pump(r, l);
+        if (r->failed)
+            break;
+        uint64_t want = 0;
+        if (parse_u64(l->text, &want) < 0) {
+            rfail(r, l, "DISCARDED needs a number of octets");
+            break;
+        }
+        smtpe_server_stats st;
+        smtpe_server_get_stats(r->sess.srv, &st);
+        if (st.discarded_octets != want)
+            rfail(r, l, "expected %llu discarded octets, stats.discarded_octets is %llu",
+                  (unsigned long long)want, (unsigned long long)st.discarded_octets);
+        break;
+    }
     }
     hs_buf_free(&tmp);
     hs_buf_free(&d1);
@@ -1200,7 +1632,10 @@ int hs_script_run(const hs_script *sc, int mode, uint64_t seed, hs_buf *out, hs_
     r.report = report;
     r.queue = xrealloc(NULL, (sc->n + 1) * sizeof *r.queue);
     hs_splitter_init(&r.sp, mode, seed);
-    int rc = hs_sess_open(&r.sess, &sc->cfg, 0);
+    hs_plan plan;
+    hs_script_plan(sc, &plan);
+    int rc = hs_sess_open_plan(&r.sess, &sc->cfg, &plan);
+    hs_plan_free(&plan);
     if (rc != 0) {
         rfail(&r, NULL, "smtpe_server_new returned %d (%s)", rc, smtpe_strerror(rc));
         free(r.queue);
@@ -1210,6 +1645,8 @@ int hs_script_run(const hs_script *sc, int mode, uint64_t seed, hs_buf *out, hs_
     }
     r.sess.verdict = apply_verdict;
     r.sess.verdict_ud = &r;
+    if (r.sess.failed)
+        rfail(&r, sc->lines, "%s", hs_buf_cstr(&r.sess.err));
     for (size_t i = 0; i < sc->n && !r.failed; i++)
         step(&r, &sc->lines[i]);
     if (!r.failed) {

@@ -100,10 +100,17 @@ struct hs_sess {
     hs_log log;        /* every event so far, DATA_CHUNKs coalesced into CONTENT entries */
     hs_buf content;    /* DATA_CHUNK octets since the last other event */
     int in_content;
-    hs_verdict_fn verdict; /* NULL: smtpe_server_accept */
+    hs_verdict_fn verdict; /* NULL: smtpe_server_accept (as many times as the event takes) */
     void *verdict_ud;
     int failed;
     hs_buf err;        /* the first failure */
+    uint64_t consumed; /* octets smtpe_server_recv consumed so far */
+    /* The last STARTTLS event (hs_sess_tls checks the window between it and the handshake). */
+    int tls_mark;              /* a STARTTLS event was seen since the last handshake */
+    size_t tls_mark_log;       /* log entries up to and including the STARTTLS event */
+    size_t tls_mark_out;       /* output octets taken before its verdict */
+    uint64_t tls_mark_consumed;
+    uint64_t tls_mark_discarded; /* stats.discarded_octets at the event */
 };
 
 /* Creates the session (through the counting allocator) at time now. Returns 0 or the engine's
@@ -119,6 +126,12 @@ size_t hs_sess_drain(hs_sess *s);
  * session consumes nothing more (it wants to close). Returns the octets consumed; on an engine
  * misbehaviour (stuck, negative return) sets s->failed. */
 size_t hs_sess_feed(hs_sess *s, const uint8_t *p, size_t n, hs_splitter *sp);
+/* The host's TLS handshake has finished: checks that the session wants SMTPE_WANT_TLS, that
+ * since the STARTTLS event no further event came, the only output is one 220 reply, and every
+ * octet consumed since was discarded (stats.discarded_octets), then calls
+ * smtpe_server_tls_started. With implicit set (before anything was fed or taken: TLS from the
+ * start) it only calls smtpe_server_tls_started. Returns 0, or -1 with s->failed set. */
+int hs_sess_tls(hs_sess *s, int implicit);
 /* Records pending content as a CONTENT entry. */
 void hs_sess_flush_content(hs_sess *s);
 void hs_sess_fail(hs_sess *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -134,7 +147,9 @@ enum {
     HS_L_CLOSE,   /* CLOSE: */
     HS_L_TIME,    /* TIME +ms */
     HS_L_CLOSED,  /* CLOSED */
-    HS_L_OPEN     /* OPEN */
+    HS_L_OPEN,    /* OPEN */
+    HS_L_TLS,     /* TLS */
+    HS_L_DISCARDED /* DISCARDED n */
 };
 
 typedef struct hs_line {
@@ -152,16 +167,34 @@ typedef struct hs_script {
     char **extra;
     const char **extra_ptrs;
     size_t extra_n;
+    char *auth_mechanisms;
+    int trusted;            /* @trusted: smtpe_server_set_trusted(1) after creation */
     hs_line *lines;
     size_t n;
     int has_events;
 } hs_script;
+
+/* How a host replays a script's client octets outside the runner (test_server): the peer's
+ * trust, TLS from the start, and the input offsets at which TLS lines finish a handshake. */
+typedef struct hs_plan {
+    int trusted;
+    int implicit_tls; /* the first action is TLS */
+    size_t *tls_at;   /* ascending offsets into hs_script_input's octets */
+    size_t ntls;
+} hs_plan;
 
 /* Loads a transcript file. Returns 0, or -1 with the reason in err. */
 int hs_script_load(hs_script *sc, const char *path, hs_buf *err);
 void hs_script_free(hs_script *sc);
 /* All client octets of the script (C: and B: lines) in order. */
 void hs_script_input(const hs_script *sc, hs_buf *out);
+
+/* Fills plan for sc (free it with hs_plan_free). */
+void hs_script_plan(const hs_script *sc, hs_plan *plan);
+void hs_plan_free(hs_plan *plan);
+/* Opens a session as the plan says (trusted, implicit TLS) at time 0. Returns 0 or the engine's
+ * error code (s->failed is set when the plan could not be applied). */
+int hs_sess_open_plan(hs_sess *s, const smtpe_server_config *cfg, const hs_plan *plan);
 
 /* Runs the script feeding input in the given mode. Returns 0 if every expectation held, else -1
  * with a report in err. out and log receive the session's whole output and event log. */

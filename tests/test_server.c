@@ -1255,25 +1255,48 @@ typedef struct run_result {
     hs_buf err;
 } run_result;
 
+/* Feeds in[a..b) in the pieces sp chooses, or (sp NULL) in at most two pieces split at *cut.
+ * Returns 0 if it was all consumed. */
+static int feed_range(hs_sess *s, const uint8_t *in, size_t a, size_t b, hs_splitter *sp,
+                      const size_t *cut)
+{
+    if (sp)
+        return hs_sess_feed(s, in + a, b - a, sp) == b - a ? 0 : -1;
+    hs_splitter whole;
+    hs_splitter_init(&whole, HS_WHOLE, 0);
+    size_t mid = *cut > a && *cut < b ? *cut : a;
+    if (hs_sess_feed(s, in + a, mid - a, &whole) != mid - a)
+        return -1;
+    return hs_sess_feed(s, in + mid, b - mid, &whole) == b - mid ? 0 : -1;
+}
+
+/* Replays in[0..n) as a host that accepts every event, under plan (NULL: an untrusted plain
+ * connection): the TLS handshake of each plan->tls_at offset finishes there when the session
+ * asks for one. */
 static void run_session(const smtpe_server_config *cfg, const uint8_t *in, size_t n,
-                        hs_splitter *sp, const size_t *cut, run_result *res)
+                        hs_splitter *sp, const size_t *cut, const hs_plan *plan,
+                        run_result *res)
 {
     memset(res, 0, sizeof *res);
     hs_sess s;
-    int rc = hs_sess_open(&s, cfg, 0);
+    int rc = hs_sess_open_plan(&s, cfg, plan);
     if (rc != 0) {
         res->failed = 1;
         hs_buf_addf(&res->err, "smtpe_server_new: %d", rc);
         return;
     }
-    if (cut) {
-        hs_splitter whole;
-        hs_splitter_init(&whole, HS_WHOLE, 0);
-        size_t used = hs_sess_feed(&s, in, *cut, &whole);
-        if (used == *cut)
-            hs_sess_feed(&s, in + *cut, n - *cut, &whole);
-    } else {
-        hs_sess_feed(&s, in, n, sp);
+    size_t from = 0;
+    size_t ntls = plan ? plan->ntls : 0;
+    for (size_t k = 0; k <= ntls && !s.failed; k++) {
+        size_t to = k < ntls ? plan->tls_at[k] : n;
+        if (feed_range(&s, in, from, to, sp, cut) < 0)
+            break; /* the session is over */
+        from = to;
+        if (k < ntls) {
+            hs_sess_drain(&s);
+            if (smtpe_server_want(s.srv) & SMTPE_WANT_TLS)
+                hs_sess_tls(&s, 0);
+        }
     }
     hs_sess_drain(&s);
     hs_sess_flush_content(&s);
@@ -1323,12 +1346,12 @@ static void print_diff(const run_result *a, const run_result *b)
 
 /* Returns the number of failing splits (details on stderr). */
 static int check_invariance(const char *name, const smtpe_server_config *cfg, const uint8_t *in,
-                            size_t n)
+                            size_t n, const hs_plan *plan)
 {
     run_result whole, r;
     hs_splitter sp;
     hs_splitter_init(&sp, HS_WHOLE, 0);
-    run_session(cfg, in, n, &sp, NULL, &whole);
+    run_session(cfg, in, n, &sp, NULL, plan, &whole);
     if (whole.failed) {
         fprintf(stderr, "  %s [whole]: %s\n", name, hs_buf_cstr(&whole.err));
         run_result_free(&whole);
@@ -1344,18 +1367,18 @@ static int check_invariance(const char *name, const smtpe_server_config *cfg, co
         if (k == 0) {
             hs_splitter_init(&sp, HS_BYTEWISE, 0);
             snprintf(label, sizeof label, "bytewise");
-            run_session(cfg, in, n, &sp, NULL, &r);
+            run_session(cfg, in, n, &sp, NULL, plan, &r);
         } else if (k <= 12) {
             uint64_t seed = hs_hash(name) ^ (k * 0x9e3779b97f4a7c15ull);
             hs_splitter_init(&sp, HS_RANDOM, seed);
             snprintf(label, sizeof label, "random seed %llu", (unsigned long long)seed);
-            run_session(cfg, in, n, &sp, NULL, &r);
+            run_session(cfg, in, n, &sp, NULL, plan, &r);
         } else {
             cut = 1 + (k - 13) * step;
             if (cut >= n)
                 continue;
             snprintf(label, sizeof label, "split at %zu", cut);
-            run_session(cfg, in, n, NULL, &cut, &r);
+            run_session(cfg, in, n, NULL, &cut, plan, &r);
         }
         int same = !r.failed && r.out.len == whole.out.len &&
                    hs_memeq(r.out.p, whole.out.p, r.out.len) && hs_log_equal(&r.log, &whole.log);
@@ -1448,7 +1471,7 @@ static void test_split_invariance_embedded(void **state)
         cfg.max_message_size = sessions[i].max_size;
         const char *in = sessions[i].in ? sessions[i].in : session_plain;
         size_t n = sessions[i].len ? sessions[i].len : strlen(in);
-        failures += check_invariance(sessions[i].name, &cfg, (const uint8_t *)in, n);
+        failures += check_invariance(sessions[i].name, &cfg, (const uint8_t *)in, n, NULL);
     }
     if (failures)
         fail_msg("%d split(s) changed output or events (details above)", failures);
@@ -1459,7 +1482,8 @@ static int cmp_names(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* The client octets of every transcript, under its configuration, accepting every verdict. */
+/* The client octets of every transcript, under its configuration (and its peer trust and TLS
+ * handshake points), accepting every verdict. */
 static void test_split_invariance_transcripts(void **state)
 {
     (void)state;
@@ -1491,8 +1515,11 @@ static void test_split_invariance_transcripts(void **state)
             fprintf(stderr, "  %s\n", hs_buf_cstr(&err));
             failures++;
         } else {
+            hs_plan plan;
             hs_script_input(&sc, &in);
-            failures += check_invariance(sc.name, &sc.cfg, in.p, in.len);
+            hs_script_plan(&sc, &plan);
+            failures += check_invariance(sc.name, &sc.cfg, in.p, in.len, &plan);
+            hs_plan_free(&plan);
         }
         hs_script_free(&sc);
         hs_buf_free(&err);

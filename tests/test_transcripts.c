@@ -3,7 +3,9 @@
  * through the server engine three times: the client octets fed whole, one octet at a time, and in
  * pseudo-random pieces (a fixed seed per file). Each run must meet every expectation of the file,
  * and the bytewise and random runs must give exactly the output octets and events of the whole
- * run. Usage: test_transcripts [transcript-dir]   (default: SMTPE_TRANSCRIPT_DIR)
+ * run (TLS lines finish a handshake at the same point of the client stream in every mode, so
+ * the STARTTLS and BDAT boundaries are split like any other octets). Usage:
+ * test_transcripts [transcript-dir]   (default: SMTPE_TRANSCRIPT_DIR)
  */
 #include <dirent.h>
 #include <setjmp.h>
@@ -119,9 +121,10 @@ static size_t g_count;
 static void required_cases_present(void **state)
 {
     (void)state;
-    static const char *required[] = {"k01-", "k02-", "k03-", "k04-", "k07-", "k08-",
-                                     "k09-", "k10-", "k11-", "k12-", "k13-", "k18-",
-                                     "k19-", "k20-", "k21-", "k22-"};
+    static const char *required[] = {"k01-", "k02-", "k03-", "k04-", "k05-", "k06-",
+                                     "k07-", "k08-", "k09-", "k10-", "k11-", "k12-",
+                                     "k13-", "k14-", "k15-", "k16-", "k18-", "k19-",
+                                     "k20-", "k21-", "k22-"};
     for (size_t i = 0; i < sizeof required / sizeof required[0]; i++) {
         int found = 0;
         for (size_t k = 0; k < g_count && !found; k++)

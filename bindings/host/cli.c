@@ -8,7 +8,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "auth.h"
 #include "net.h"
+#include "tls.h"
 
 #define DEFAULT_LISTEN "127.0.0.1:2525"
 #define DEFAULT_MAILDIR "./var/maildir"
@@ -27,6 +29,20 @@ enum {
     OPT_COMMAND_TIMEOUT,
     OPT_DATA_TIMEOUT,
     OPT_DRAIN,
+    OPT_TLS_CERT,
+    OPT_TLS_KEY,
+    OPT_REQUIRE_TLS,
+    OPT_AUTH_USERS,
+    OPT_AUTH_PLAINTEXT_OK,
+    OPT_LMTP,
+    OPT_PROXY_PROTOCOL,
+    OPT_XCLIENT_FROM,
+    OPT_NO_CHUNKING,
+    OPT_NO_BINARYMIME,
+    OPT_NO_DSN,
+    OPT_NO_REQUIRETLS,
+    OPT_NO_MT_PRIORITY,
+    OPT_NO_DELIVERBY,
     OPT_HELP
 };
 
@@ -44,6 +60,20 @@ static const struct option long_options[] = {
     {"command-timeout-ms", required_argument, NULL, OPT_COMMAND_TIMEOUT},
     {"data-timeout-ms", required_argument, NULL, OPT_DATA_TIMEOUT},
     {"drain-seconds", required_argument, NULL, OPT_DRAIN},
+    {"tls-cert", required_argument, NULL, OPT_TLS_CERT},
+    {"tls-key", required_argument, NULL, OPT_TLS_KEY},
+    {"require-tls", no_argument, NULL, OPT_REQUIRE_TLS},
+    {"auth-users", required_argument, NULL, OPT_AUTH_USERS},
+    {"auth-plaintext-ok", no_argument, NULL, OPT_AUTH_PLAINTEXT_OK},
+    {"lmtp", no_argument, NULL, OPT_LMTP},
+    {"proxy-protocol", no_argument, NULL, OPT_PROXY_PROTOCOL},
+    {"xclient-from", required_argument, NULL, OPT_XCLIENT_FROM},
+    {"no-chunking", no_argument, NULL, OPT_NO_CHUNKING},
+    {"no-binarymime", no_argument, NULL, OPT_NO_BINARYMIME},
+    {"no-dsn", no_argument, NULL, OPT_NO_DSN},
+    {"no-requiretls", no_argument, NULL, OPT_NO_REQUIRETLS},
+    {"no-mt-priority", no_argument, NULL, OPT_NO_MT_PRIORITY},
+    {"no-deliverby", no_argument, NULL, OPT_NO_DELIVERBY},
     {"help", no_argument, NULL, OPT_HELP},
     {NULL, 0, NULL, 0},
 };
@@ -54,7 +84,9 @@ void cli_usage(FILE *f)
           "A receive-only SMTP server delivering to a Maildir.\n"
           "\n"
           "  --listen ADDR:PORT         address to listen on; [ADDR6]:PORT for IPv6; port 0\n"
-          "                             picks a free one (default " DEFAULT_LISTEN ")\n"
+          "                             picks a free one (default " DEFAULT_LISTEN ");\n"
+          "                             unix:/PATH for a unix socket (mode 0666; a stale\n"
+          "                             socket file is replaced)\n"
           "  --maildir DIR              Maildir to deliver to, created with tmp/ new/ cur/\n"
           "                             (default " DEFAULT_MAILDIR ")\n"
           "  --sink                     discard message content, still answer 250 with a queue id\n"
@@ -70,6 +102,25 @@ void cli_usage(FILE *f)
           "  --data-timeout-ms N        wait for message content, 0 for none (default 180000)\n"
           "  --drain-seconds N          on SIGTERM/SIGINT, time sessions get to finish before\n"
           "                             421 4.3.2 (default 10)\n"
+          "  --tls-cert FILE            PEM certificate chain (leaf first): offer STARTTLS\n"
+          "  --tls-key FILE             PEM private key of --tls-cert (both or neither)\n"
+          "  --require-tls              MAIL only after STARTTLS (530 5.7.0 before)\n"
+          "  --auth-users FILE          offer AUTH PLAIN LOGIN (after STARTTLS) for the\n"
+          "                             user:hash lines of FILE (crypt(3) hashes, e.g.\n"
+          "                             'openssl passwd -6'; '#' starts a comment)\n"
+          "  --auth-plaintext-ok        offer AUTH without TLS too (tests only: passwords\n"
+          "                             travel in clear)\n"
+          "  --lmtp                     speak LMTP (RFC 2033): LHLO, one reply per recipient\n"
+          "  --proxy-protocol           every connection starts with a PROXY v1/v2 header;\n"
+          "                             its source address is the client in logs and Received:\n"
+          "  --xclient-from CIDR        clients in CIDR (ADDR/LEN or an address; repeatable)\n"
+          "                             may use XCLIENT and XFORWARD\n"
+          "  --no-chunking              do not offer CHUNKING (BDAT), nor BINARYMIME\n"
+          "  --no-binarymime            do not offer BINARYMIME\n"
+          "  --no-dsn                   do not offer DSN (RET, ENVID, NOTIFY, ORCPT)\n"
+          "  --no-requiretls            do not offer REQUIRETLS (offered only under TLS)\n"
+          "  --no-mt-priority           do not offer MT-PRIORITY\n"
+          "  --no-deliverby             do not offer DELIVERBY\n"
           "  --help                     show this text\n"
           "\n"
           "When ready it prints \"listening on ADDR:PORT\" on stderr; the log is key=value lines\n"
@@ -83,6 +134,15 @@ static int usage_error(const char *msg, const char *arg)
             arg ? ": " : "", arg ? arg : "");
     return CLI_USAGE;
 }
+
+/* A feature this build lacks: the message alone (--help would not help). */
+static int unavailable(const char *msg)
+{
+    fprintf(stderr, "smtpe-server: %s\n", msg);
+    return CLI_USAGE;
+}
+
+static int apply_new(struct host_options *o, int opt, const char *arg);
 
 /* A decimal number in [min, max], nothing else. */
 static int parse_number(const char *s, uint64_t min, uint64_t max, uint64_t *out)
@@ -206,13 +266,69 @@ static int apply(struct host_options *o, int opt, const char *arg)
         o->drain_seconds = (unsigned)v;
         return CLI_RUN;
     default:
+        return apply_new(o, opt, arg);
+    }
+}
+
+/* The switches of STARTTLS, AUTH, LMTP, PROXY, XCLIENT and the extensions. */
+static int apply_new(struct host_options *o, int opt, const char *arg)
+{
+    switch (opt) {
+    case OPT_TLS_CERT:
+    case OPT_TLS_KEY:
+        if (*arg == '\0')
+            return usage_error(opt == OPT_TLS_CERT ? "--tls-cert needs a file"
+                                                   : "--tls-key needs a file",
+                               NULL);
+        *(opt == OPT_TLS_CERT ? &o->tls_cert : &o->tls_key) = arg;
+        return CLI_RUN;
+    case OPT_REQUIRE_TLS: o->require_tls = 1; return CLI_RUN;
+    case OPT_AUTH_USERS:
+        if (*arg == '\0')
+            return usage_error("--auth-users needs a file", NULL);
+        o->auth_users = arg;
+        return CLI_RUN;
+    case OPT_AUTH_PLAINTEXT_OK: o->auth_plaintext_ok = 1; return CLI_RUN;
+    case OPT_LMTP: o->lmtp = 1; return CLI_RUN;
+    case OPT_PROXY_PROTOCOL: o->proxy_protocol = 1; return CLI_RUN;
+    case OPT_XCLIENT_FROM:
+        if (net_parse_cidr(arg, &o->xclient_from[o->xclient_count]) < 0)
+            return usage_error("bad --xclient-from (ADDR/LEN or ADDR, IPv4 or IPv6)", arg);
+        o->xclient_count++;
+        return CLI_RUN;
+    case OPT_NO_CHUNKING: o->ext_off |= SMTPE_EXT_CHUNKING | SMTPE_EXT_BINARYMIME; return CLI_RUN;
+    case OPT_NO_BINARYMIME: o->ext_off |= SMTPE_EXT_BINARYMIME; return CLI_RUN;
+    case OPT_NO_DSN: o->ext_off |= SMTPE_EXT_DSN; return CLI_RUN;
+    case OPT_NO_REQUIRETLS: o->ext_off |= SMTPE_EXT_REQUIRETLS; return CLI_RUN;
+    case OPT_NO_MT_PRIORITY: o->ext_off |= SMTPE_EXT_MT_PRIORITY; return CLI_RUN;
+    case OPT_NO_DELIVERBY: o->ext_off |= SMTPE_EXT_DELIVERBY; return CLI_RUN;
+    default:
         return usage_error("unknown option", NULL);
     }
+}
+
+/* Switches that need each other, or a library this build lacks. */
+static int check_combinations(const struct host_options *o)
+{
+    if ((o->tls_cert != NULL) != (o->tls_key != NULL))
+        return usage_error("--tls-cert and --tls-key go together", NULL);
+    if ((o->tls_cert != NULL || o->require_tls) && !tls_available())
+        return unavailable(TLS_UNAVAILABLE_TEXT);
+    if (o->require_tls && o->tls_cert == NULL)
+        return usage_error("--require-tls needs STARTTLS (--tls-cert and --tls-key)", NULL);
+    if (o->auth_users != NULL && !auth_available())
+        return unavailable(AUTH_UNAVAILABLE_TEXT);
+    if (o->auth_users != NULL && o->tls_cert == NULL && !o->auth_plaintext_ok)
+        return usage_error("--auth-users needs STARTTLS (--tls-cert and --tls-key) or "
+                           "--auth-plaintext-ok",
+                           NULL);
+    return CLI_RUN;
 }
 
 int cli_parse(int argc, char **argv, struct host_options *o)
 {
     static const char *none[1];
+    static struct net_cidr no_cidr[1];
     char err[256];
     int opt, rc;
 
@@ -220,6 +336,9 @@ int cli_parse(int argc, char **argv, struct host_options *o)
     o->domains = argc > 0 ? calloc((size_t)argc, sizeof *o->domains) : NULL;
     if (o->domains == NULL)
         o->domains = none; /* argc == 0, or no memory for a list nobody will fill */
+    o->xclient_from = argc > 0 ? calloc((size_t)argc, sizeof *o->xclient_from) : NULL;
+    if (o->xclient_from == NULL)
+        o->xclient_from = no_cidr;
     opterr = 1; /* getopt names the unknown switch itself */
     optind = 1;
     while ((opt = getopt_long(argc, argv, "", long_options, NULL)) != -1) {
@@ -231,7 +350,8 @@ int cli_parse(int argc, char **argv, struct host_options *o)
             fputs("Try 'smtpe-server --help'.\n", stderr);
             return CLI_USAGE;
         }
-        if (opt == OPT_DOMAIN && o->domains == none)
+        if ((opt == OPT_DOMAIN && o->domains == none) ||
+            (opt == OPT_XCLIENT_FROM && o->xclient_from == no_cidr))
             return usage_error("out of memory", NULL);
         rc = apply(o, opt, optarg);
         if (rc != CLI_RUN)
@@ -241,5 +361,5 @@ int cli_parse(int argc, char **argv, struct host_options *o)
         return usage_error("unexpected argument", argv[optind]);
     if (net_parse_listen(o->listen, &o->listen_addr, &o->listen_addr_len, err, sizeof err) < 0)
         return usage_error(err, NULL);
-    return CLI_RUN;
+    return check_combinations(o);
 }

@@ -14,12 +14,16 @@
 
 #include "smtpe.h"
 #include "maildir.h"
+#include "net.h"
+
+struct tls_server;
+struct auth_db;
 
 #define HOST_NAME_MAX_LEN 255 /* RFC 5321 §4.5.3.1.2, and the engine's hostname limit */
 
 /* The command line, parsed (see cli.c for the meaning and defaults of each switch). */
 struct host_options {
-    const char *listen;        /* ADDR:PORT or [ADDR6]:PORT as given */
+    const char *listen;        /* ADDR:PORT, [ADDR6]:PORT or unix:/path as given */
     struct sockaddr_storage listen_addr;
     socklen_t listen_addr_len;
     const char *maildir;       /* Maildir root */
@@ -37,6 +41,16 @@ struct host_options {
     uint64_t data_timeout_ms;    /* valid when has_data_timeout */
     int has_data_timeout;
     unsigned drain_seconds;    /* grace period for sessions at SIGTERM/SIGINT */
+    const char *tls_cert;      /* PEM certificate chain for STARTTLS; NULL: no STARTTLS */
+    const char *tls_key;       /* PEM private key, given with tls_cert */
+    int require_tls;           /* MAIL only after STARTTLS */
+    const char *auth_users;    /* user:hash file; NULL: no AUTH */
+    int auth_plaintext_ok;     /* offer AUTH before TLS */
+    int lmtp;                  /* speak LMTP */
+    int proxy_protocol;        /* a PROXY header starts every connection */
+    struct net_cidr *xclient_from; /* peers trusted with XCLIENT/XFORWARD; 0: none */
+    size_t xclient_count;
+    unsigned ext_off;          /* SMTPE_EXT_* switched off by --no-... */
 };
 
 /* Read-only state shared by all connections of all models. */
@@ -45,6 +59,8 @@ struct host_ctx {
     smtpe_server_config cfg;   /* engine config; cfg.hostname points into opt.hostname */
     size_t session_mem;        /* smtpe_server_memory_size(&cfg) */
     struct maildir maildir;    /* unused with --sink */
+    struct tls_server *tls;    /* STARTTLS context; NULL without --tls-cert */
+    struct auth_db *auth;      /* AUTH users; NULL without --auth-users */
     char busy_text[HOST_NAME_MAX_LEN + 64];     /* "<hostname> Too many connections" */
     char shutdown_text[HOST_NAME_MAX_LEN + 64]; /* "<hostname> Service shutting down" */
 };

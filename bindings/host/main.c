@@ -8,12 +8,16 @@
 #include <string.h>
 #include <time.h>
 
+#include <unistd.h>
+
+#include "auth.h"
 #include "cli.h"
 #include "host.h"
 #include "log.h"
 #include "models.h"
 #include "net.h"
 #include "signals.h"
+#include "tls.h"
 
 static const struct host_model models[] = {
     {"epoll", "one process, one thread, one epoll event loop", epoll_model_run},
@@ -40,7 +44,10 @@ void host_announce_listener(int fd)
         host_log("error getsockname: %s", strerror(errno));
         return;
     }
-    host_log("listening on %s", net_hostport((struct sockaddr *)&ss, where));
+    if (ss.ss_family == AF_UNIX)
+        host_log("listening on " NET_UNIX_PREFIX "%s", net_unix_path((struct sockaddr *)&ss));
+    else
+        host_log("listening on %s", net_hostport((struct sockaddr *)&ss, where));
 }
 
 static const struct host_model *find_model(const char *name)
@@ -54,6 +61,11 @@ static const struct host_model *find_model(const char *name)
     return NULL;
 }
 
+/* Extensions on unless switched off (STARTTLS, XCLIENT and XFORWARD only when configured). */
+#define HOST_EXTENSIONS                                                                         \
+    (SMTPE_EXT_DEFAULT | SMTPE_EXT_CHUNKING | SMTPE_EXT_BINARYMIME | SMTPE_EXT_DSN |           \
+     SMTPE_EXT_REQUIRETLS | SMTPE_EXT_MT_PRIORITY | SMTPE_EXT_DELIVERBY)
+
 /* The engine config from the options. Returns 0, or -1 if the engine refuses it. */
 static int build_config(struct host_ctx *ctx)
 {
@@ -62,6 +74,19 @@ static int build_config(struct host_ctx *ctx)
 
     smtpe_server_config_init(cfg);
     cfg->hostname = o->hostname;
+    cfg->extensions = HOST_EXTENSIONS & ~o->ext_off;
+    if (o->tls_cert != NULL)
+        cfg->extensions |= SMTPE_EXT_STARTTLS;
+    if (o->xclient_count > 0)
+        cfg->extensions |= SMTPE_EXT_XCLIENT | SMTPE_EXT_XFORWARD;
+    cfg->require_tls = o->require_tls;
+    if (o->auth_users != NULL)
+        cfg->auth_mechanisms = "PLAIN LOGIN";
+    cfg->auth_without_tls = o->auth_plaintext_ok;
+    cfg->lmtp = o->lmtp;
+    if (o->lmtp)
+        cfg->greeting_text = "LMTP smtpe";
+    cfg->proxy_protocol = o->proxy_protocol;
     cfg->max_message_size = o->max_message_size;
     cfg->max_recipients = o->max_recipients;
     cfg->line_ending = o->line_ending;
@@ -76,10 +101,25 @@ static int build_config(struct host_ctx *ctx)
     return ctx->session_mem == 0 ? -1 : 0;
 }
 
+/* The "start" log line: the model and what is switched on. */
+static void log_start(const struct host_ctx *ctx, const struct host_model *model)
+{
+    const struct host_options *o = &ctx->opt;
+    char dir[512];
+
+    host_log("start model=%s hostname=%s %s%s%s%s%s%s%s%s", model->name, o->hostname,
+             o->sink ? "sink" : "maildir=",
+             o->sink ? "" : host_log_token(dir, sizeof dir, o->maildir, strlen(o->maildir)),
+             o->lmtp ? " lmtp" : "", ctx->tls ? " starttls" : "",
+             o->require_tls ? " require-tls" : "", ctx->auth ? " auth" : "",
+             o->proxy_protocol ? " proxy-protocol" : "", o->xclient_count ? " xclient" : "");
+}
+
 int main(int argc, char **argv)
 {
     static struct host_ctx ctx;
     const struct host_model *model;
+    const char *unix_path;
     sigset_t wait_mask;
     char err[512];
     int rc = cli_parse(argc, argv, &ctx.opt);
@@ -96,18 +136,33 @@ int main(int argc, char **argv)
         fprintf(stderr, "smtpe-server: signals: %s\n", strerror(errno));
         return 1;
     }
+    if (ctx.opt.tls_cert != NULL &&
+        (ctx.tls = tls_server_new(ctx.opt.tls_cert, ctx.opt.tls_key, err, sizeof err)) == NULL) {
+        fprintf(stderr, "smtpe-server: %s\n", err);
+        return 1;
+    }
+    if (ctx.opt.auth_users != NULL &&
+        (ctx.auth = auth_db_load(ctx.opt.auth_users, err, sizeof err)) == NULL) {
+        fprintf(stderr, "smtpe-server: --auth-users %s\n", err);
+        tls_server_free(ctx.tls);
+        return 1;
+    }
     ctx.maildir.root_fd = ctx.maildir.tmp_fd = ctx.maildir.new_fd = -1;
     if (!ctx.opt.sink &&
         maildir_open(&ctx.maildir, ctx.opt.maildir, ctx.opt.hostname, err, sizeof err) < 0) {
         fprintf(stderr, "smtpe-server: %s\n", err);
+        auth_db_free(ctx.auth);
+        tls_server_free(ctx.tls);
         return 1;
     }
-    host_log("start model=%s hostname=%s %s%s", model->name, ctx.opt.hostname,
-             ctx.opt.sink ? "sink" : "maildir=",
-             ctx.opt.sink ? "" : host_log_token(err, sizeof err, ctx.opt.maildir,
-                                                strlen(ctx.opt.maildir)));
+    log_start(&ctx, model);
     rc = model->run(&ctx, &wait_mask);
+    unix_path = net_unix_path((const struct sockaddr *)&ctx.opt.listen_addr);
+    if (unix_path != NULL && rc == 0)
+        (void)unlink(unix_path); /* ours: the listener was bound, else run fails */
     maildir_close(&ctx.maildir);
+    auth_db_free(ctx.auth);
+    tls_server_free(ctx.tls);
     host_log("stop status=%d", rc);
     return rc;
 }

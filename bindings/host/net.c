@@ -11,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #define NET_BACKLOG 1024
@@ -58,6 +60,25 @@ static int split_hostport(const char *text, char *host, size_t cap, unsigned *po
     return parse_port(colon + 1, port);
 }
 
+/* "unix:/path" into a sockaddr_un. */
+static int parse_unix(const char *path, struct sockaddr_storage *ss, socklen_t *len, char *err,
+                      size_t errlen)
+{
+    struct sockaddr_un *un = (struct sockaddr_un *)ss;
+    size_t n = strlen(path);
+
+    if (n == 0 || n >= sizeof un->sun_path) {
+        snprintf(err, errlen, "bad --listen unix socket path '%s' (1-%zu characters)", path,
+                 sizeof un->sun_path - 1);
+        return -1;
+    }
+    memset(ss, 0, sizeof *ss);
+    un->sun_family = AF_UNIX;
+    memcpy(un->sun_path, path, n + 1);
+    *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n + 1);
+    return 0;
+}
+
 int net_parse_listen(const char *text, struct sockaddr_storage *ss, socklen_t *len, char *err,
                      size_t errlen)
 {
@@ -66,6 +87,8 @@ int net_parse_listen(const char *text, struct sockaddr_storage *ss, socklen_t *l
     struct addrinfo hints, *res = NULL;
     int rc;
 
+    if (strncmp(text, NET_UNIX_PREFIX, strlen(NET_UNIX_PREFIX)) == 0)
+        return parse_unix(text + strlen(NET_UNIX_PREFIX), ss, len, err, errlen);
     if (split_hostport(text, host, sizeof host, &port) < 0) {
         snprintf(err, errlen, "bad --listen '%s' (want ADDR:PORT or [ADDR6]:PORT)", text);
         return -1;
@@ -93,6 +116,61 @@ int net_parse_listen(const char *text, struct sockaddr_storage *ss, socklen_t *l
     return 0;
 }
 
+/* Removes a unix socket file left by an earlier run, refusing to touch anything else: a file
+ * that is not a socket, or a socket some process still accepts on. */
+static int remove_stale_socket(const struct sockaddr *sa, socklen_t len, char *err,
+                               size_t errlen)
+{
+    const char *path = net_unix_path(sa);
+    struct stat st;
+    int fd, rc;
+
+    if (lstat(path, &st) < 0) {
+        if (errno == ENOENT)
+            return 0;
+        snprintf(err, errlen, "listen on unix:%s: %s", path, strerror(errno));
+        return -1;
+    }
+    if (!S_ISSOCK(st.st_mode)) {
+        snprintf(err, errlen, "listen on unix:%s: the file exists and is not a socket", path);
+        return -1;
+    }
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        snprintf(err, errlen, "socket: %s", strerror(errno));
+        return -1;
+    }
+    do
+        rc = connect(fd, sa, len);
+    while (rc < 0 && errno == EINTR);
+    (void)close(fd);
+    if (rc == 0) {
+        snprintf(err, errlen, "listen on unix:%s: another server is listening there", path);
+        return -1;
+    }
+    if (unlink(path) < 0 && errno != ENOENT) {
+        snprintf(err, errlen, "listen on unix:%s: removing the stale socket: %s", path,
+                 strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* bind + chmod 0666 + listen for a unix socket. */
+static int listen_unix(int fd, const struct sockaddr *sa, socklen_t len, char *err,
+                       size_t errlen)
+{
+    const char *path = net_unix_path(sa);
+
+    if (remove_stale_socket(sa, len, err, errlen) < 0)
+        return -1;
+    if (bind(fd, sa, len) < 0 || chmod(path, 0666) < 0 || listen(fd, NET_BACKLOG) < 0) {
+        snprintf(err, errlen, "listen on unix:%s: %s", path, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
 int net_listen(const struct sockaddr *sa, socklen_t len, int reuseport, char *err,
                size_t errlen)
 {
@@ -103,6 +181,13 @@ int net_listen(const struct sockaddr *sa, socklen_t len, int reuseport, char *er
     if (fd < 0) {
         snprintf(err, errlen, "socket: %s", strerror(errno));
         return -1;
+    }
+    if (sa->sa_family == AF_UNIX) {
+        if (listen_unix(fd, sa, len, err, errlen) < 0) {
+            (void)close(fd);
+            return -1;
+        }
+        return fd;
     }
     if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0 ||
         (reuseport && setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) < 0)) {
@@ -122,7 +207,7 @@ void net_ip_text(const struct sockaddr *sa, char ip[NET_IP_MAX], unsigned *port,
 {
     *v6 = 0;
     *port = 0;
-    strcpy(ip, "unknown");
+    strcpy(ip, sa->sa_family == AF_UNIX ? "unix" : "unknown");
     if (sa->sa_family == AF_INET) {
         const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
         (void)inet_ntop(AF_INET, &in->sin_addr, ip, NET_IP_MAX);
@@ -145,7 +230,94 @@ char *net_hostport(const struct sockaddr *sa, char out[NET_HOSTPORT_MAX])
     unsigned port;
     int v6;
 
+    if (sa->sa_family != AF_INET && sa->sa_family != AF_INET6) {
+        net_ip_text(sa, out, &port, &v6); /* "unix" or "unknown", without a port */
+        return out;
+    }
     net_ip_text(sa, ip, &port, &v6);
     snprintf(out, NET_HOSTPORT_MAX, v6 ? "[%s]:%u" : "%s:%u", ip, port);
     return out;
+}
+
+const char *net_unix_path(const struct sockaddr *sa)
+{
+    return sa->sa_family == AF_UNIX ? ((const struct sockaddr_un *)sa)->sun_path : NULL;
+}
+
+int net_parse_cidr(const char *text, struct net_cidr *out)
+{
+    char buf[NET_IP_MAX];
+    const char *slash = strchr(text, '/');
+    size_t n = slash ? (size_t)(slash - text) : strlen(text);
+    unsigned max, prefix;
+
+    if (n >= 2 && text[0] == '[' && text[n - 1] == ']') { /* [v6] or [v6]/len */
+        text++;
+        n -= 2;
+    }
+    if (n == 0 || n >= sizeof buf)
+        return -1;
+    memcpy(buf, text, n);
+    buf[n] = '\0';
+    memset(out, 0, sizeof *out);
+    if (inet_pton(AF_INET, buf, out->addr) == 1)
+        out->family = AF_INET;
+    else if (inet_pton(AF_INET6, buf, out->addr) == 1)
+        out->family = AF_INET6;
+    else
+        return -1;
+    max = out->family == AF_INET ? 32 : 128;
+    prefix = max;
+    if (slash != NULL) {
+        const char *p = slash + 1;
+        if (*p == '\0' || strlen(p) > 3)
+            return -1;
+        prefix = 0;
+        for (; *p; p++) {
+            if (*p < '0' || *p > '9')
+                return -1;
+            prefix = prefix * 10 + (unsigned)(*p - '0');
+        }
+        if (prefix > max)
+            return -1;
+    }
+    out->prefix = prefix;
+    return 0;
+}
+
+/* Whether the first bits of a and b are equal. */
+static int prefix_equal(const uint8_t *a, const uint8_t *b, unsigned bits)
+{
+    unsigned whole = bits / 8, rest = bits % 8;
+
+    if (memcmp(a, b, whole) != 0)
+        return 0;
+    if (rest == 0)
+        return 1;
+    return ((a[whole] ^ b[whole]) & (uint8_t)(0xFF00u >> rest)) == 0;
+}
+
+int net_cidr_match(const struct net_cidr *ranges, size_t n, int family, const uint8_t *addr)
+{
+    static const uint8_t v4mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF};
+
+    if (family == AF_INET6 && memcmp(addr, v4mapped, sizeof v4mapped) == 0) {
+        family = AF_INET;
+        addr += 12;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (ranges[i].family == family && prefix_equal(ranges[i].addr, addr, ranges[i].prefix))
+            return 1;
+    return 0;
+}
+
+int net_cidr_match_sa(const struct net_cidr *ranges, size_t n, const struct sockaddr *sa)
+{
+    if (sa->sa_family == AF_INET)
+        return net_cidr_match(ranges, n, AF_INET,
+                              (const uint8_t *)&((const struct sockaddr_in *)sa)->sin_addr);
+    if (sa->sa_family == AF_INET6)
+        return net_cidr_match(ranges, n, AF_INET6,
+                              ((const struct sockaddr_in6 *)sa)->sin6_addr.s6_addr);
+    return 0;
 }

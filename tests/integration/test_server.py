@@ -922,14 +922,22 @@ class TestConformance(Base):
         c.cmd("RCPT TO:<root@example.org>", "503 5.5.1 Need MAIL command")
 
     def test_k08_unsupported_parameters(self):
+        # DSN is on by default (ENVID, ORCPT: 501 5.5.4), AUTH only with --auth-users (555);
+        # test_extensions.py covers the rest (--no-dsn, AUTH= when AUTH is offered)
         srv = self.start()
         c = self.session(srv)
         c.cmd("MAIL FROM:<a@example.org> AUTH=x+0Ay", "555 5.5.4 Unsupported parameter")
-        c.cmd("MAIL FROM:<a@example.org> ENVID=a+0Db", "555 5.5.4 Unsupported parameter")
+        c.cmd("MAIL FROM:<a@example.org> ENVID=a+0Db", "501 5.5.4 Malformed parameter")
         c.cmd("MAIL FROM:<a@example.org>", "250 2.1.0 Ok")
         c.cmd("RCPT TO:<b@example.org> ORCPT=rfc822;b+0Ac@example.org",
-              "555 5.5.4 Unsupported parameter")
+              "501 5.5.4 Malformed parameter")
         c.cmd("RCPT TO:<b@example.org>", "250 2.1.5 Ok")
+        srv2 = self.start("--no-dsn")
+        c2 = self.session(srv2)
+        c2.cmd("MAIL FROM:<a@example.org> ENVID=a+0Db", "555 5.5.4 Unsupported parameter")
+        c2.cmd("MAIL FROM:<a@example.org>", "250 2.1.0 Ok")
+        c2.cmd("RCPT TO:<b@example.org> ORCPT=rfc822;b+0Ac@example.org",
+              "555 5.5.4 Unsupported parameter")
 
     def test_k09_angle_brackets_required(self):
         srv = self.start()
