@@ -1650,6 +1650,8 @@ int smtpe_server_reply(smtpe_server *s, unsigned code, const char *enhanced, con
                                         : SMTPE_ERR_INVALID_ARGUMENT;
     if (r == 0 && s->verdict == SMTPE_EV_HELO && text && strchr(text, '\n'))
         r = SMTPE_ERR_INVALID_ARGUMENT; /* the first line of the EHLO reply is one line */
+    if (r == 0 && s->verdict == SMTPE_EV_DATA_END && s->cfg->lmtp && text && strchr(text, '\n'))
+        r = SMTPE_ERR_INVALID_ARGUMENT; /* LMTP: one line per recipient (its room is kept) */
     return r ? r : verdict(s, code, enhanced, text);
 }
 

@@ -450,10 +450,15 @@ SMTPE_EXTERN int smtpe_server_next_event(smtpe_server *s, smtpe_event *ev);
  * enhanced status code enhanced ("5.1.1"; NULL: derived from the code class as "x.0.0"; only
  * sent when ENHANCEDSTATUSCODES is on) and text (NUL-terminated; NULL: a default text; '\n'
  * separates the lines of a multi-line reply; no other control characters but HT; at most 32
- * lines, each at most 400 octets, all at most 2048). The reply goes out in order after earlier replies. Meaning:
+ * lines, each at most 400 octets, all at most 2048). The reply goes out in order after earlier
+ * replies. Meaning:
  * HELO 2xx opens the session (and resets any transaction); MAIL 2xx starts a transaction; RCPT
  * 2xx adds a recipient; DATA takes 354 (content follows) or 4xx/5xx; DATA_END any code ends the
- * transaction. A 421 from the host closes the session after it is sent.
+ * transaction (under LMTP after ev.data_end.replies calls, one per recipient, each a single
+ * line of at most 512 octets); CHUNK_END 4xx/5xx ends it; STARTTLS takes 220 (TLS follows) or
+ * 4xx/5xx; AUTH 2xx authenticates; PROXY and XCLIENT take 220 (text replaces greeting_text in
+ * the greeting) or, for PROXY, 421/5xx which closes; 3xx is allowed only for DATA (354) and
+ * UNKNOWN. A 421 from the host closes the session after it is sent.
  * Returns 0, SMTPE_ERR_STATE (no event waits), SMTPE_ERR_INVALID_ARGUMENT (bad code for the
  * event, bad characters) or SMTPE_ERR_REPLY_TOO_LONG. RFC 5321 §4.2, RFC 3463. */
 SMTPE_EXTERN int smtpe_server_reply(smtpe_server *s, unsigned code, const char *enhanced,
@@ -461,7 +466,8 @@ SMTPE_EXTERN int smtpe_server_reply(smtpe_server *s, unsigned code, const char *
 
 /* Gives the default positive verdict for the waiting event: EHLO 250 with the extensions,
  * HELO 250, MAIL 250 2.1.0, RCPT 250 2.1.5, DATA 354, DATA_END 250 2.0.0, VRFY/EXPN 252 2.5.0,
- * UNKNOWN 500 5.5.1. Returns 0 or SMTPE_ERR_STATE. */
+ * UNKNOWN 500 5.5.1, STARTTLS 220 2.0.0, AUTH 235 2.7.0, CHUNK_END 250 2.0.0 "<n> octets
+ * received", PROXY and XCLIENT the greeting, XFORWARD 250 2.0.0. Returns 0 or SMTPE_ERR_STATE. */
 SMTPE_EXTERN int smtpe_server_accept(smtpe_server *s);
 
 /* STARTTLS (RFC 3207 §4.2) and implicit TLS (RFC 8314). After accepting SMTPE_EV_STARTTLS the

@@ -707,10 +707,13 @@ static void handle_event(hs_sess *s, const smtpe_event *ev)
         s->in_content = 1;
         return;
     }
-    /* every message, and every BDAT chunk, gets a CONTENT entry, even an empty one */
-    if (ev->type == SMTPE_EV_DATA_END || ev->type == SMTPE_EV_CHUNK_END)
+    /* Every message gets one CONTENT entry, just before its DATA_END, even an empty one; the
+     * BDAT and CHUNK_END events of a chunked message do not split it (where the engine hands
+     * over an octet at a chunk boundary, e.g. a CR that may start a CRLF, is its own affair). */
+    if (ev->type == SMTPE_EV_DATA_END)
         s->in_content = 1;
-    hs_sess_flush_content(s);
+    if (ev->type != SMTPE_EV_BDAT && ev->type != SMTPE_EV_CHUNK_END)
+        hs_sess_flush_content(s);
     hs_buf line = {0}, err = {0};
     if (hs_format_event(&line, ev, &err) < 0)
         hs_sess_fail(s, "bad event: %s", hs_buf_cstr(&err));

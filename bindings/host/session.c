@@ -1,31 +1,62 @@
 /*
- * session.c - host verdicts for one SMTP session (see session.h).
+ * session.c - host verdicts for one SMTP or LMTP session (see session.h).
  *
- * Every verdict is given at once: this host has nothing to wait for except its own disk. The
- * policy is small: any HELO/EHLO and MAIL; RCPT only for the --domain list (and always for
- * <postmaster>, RFC 5321 §4.5.1); DATA once the Maildir file is open; end of data only once the
- * file is durable in new/. The file holds Return-Path, a Received header (RFC 5321 §4.4) and the
- * content exactly as the engine gave it.
+ * Every verdict is given at once: this host has nothing to wait for except its own disk and
+ * crypt(3). The policy is small: any HELO/EHLO/LHLO and MAIL; RCPT only for the --domain list
+ * (and always for <postmaster>, RFC 5321 §4.5.1); DATA (or the first BDAT chunk) once the
+ * Maildir file is open; end of data only once the file is durable in new/ (under LMTP, one
+ * reply per accepted recipient, RFC 2033 §4.2); AUTH PLAIN/LOGIN against the --auth-users
+ * file; STARTTLS when a certificate is configured; PROXY, XCLIENT and XFORWARD always (the
+ * engine only lets trusted peers and configured sessions reach them). The file holds
+ * Return-Path, a Received header (RFC 5321 §4.4, protocol names of RFC 3848) and the content
+ * exactly as the engine gave it.
  */
 #include "session.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "log.h"
 
-#define TRACE_MAX (3 * SESSION_NAME_MAX + 2 * HOST_NAME_MAX_LEN + 256)
+#define TRACE_MAX (4 * SESSION_NAME_MAX + 3 * HOST_NAME_MAX_LEN + 512)
+#define LMTP_TEXT_MAILBOX_MAX 300 /* longer mailboxes are left out of a per-recipient reply */
+#define LOCAL_ERROR_TEXT "Requested action aborted: local error in processing"
+
+/* Sets the log form of the client from peer_ip/peer_port/peer_unix. */
+static void set_peer_text(struct session *ss)
+{
+    if (ss->peer_unix)
+        snprintf(ss->peer, sizeof ss->peer, "unix");
+    else if (ss->peer_ip[0] == '\0')
+        snprintf(ss->peer, sizeof ss->peer, "unknown");
+    else
+        snprintf(ss->peer, sizeof ss->peer, ss->peer_v6 ? "[%s]:%u" : "%s:%u", ss->peer_ip,
+                 ss->peer_port);
+}
 
 void session_init(struct session *ss, const struct host_ctx *ctx, const struct sockaddr *peer)
 {
-    unsigned port;
-
     memset(ss, 0, sizeof *ss);
     ss->ctx = ctx;
-    net_ip_text(peer, ss->peer_ip, &port, &ss->peer_v6);
-    (void)net_hostport(peer, ss->peer);
+    net_ip_text(peer, ss->peer_ip, &ss->peer_port, &ss->peer_v6);
+    ss->peer_unix = peer->sa_family == AF_UNIX;
+    if (peer->sa_family != AF_INET && peer->sa_family != AF_INET6 && !ss->peer_unix)
+        ss->peer_ip[0] = '\0';
+    set_peer_text(ss);
+}
+
+int session_start(struct session *ss, smtpe_server *s, const struct sockaddr *peer)
+{
+    const struct host_options *o = &ss->ctx->opt;
+
+    if (o->xclient_count > 0 && net_cidr_match_sa(o->xclient_from, o->xclient_count, peer))
+        return smtpe_server_set_trusted(s, 1);
+    return 0;
 }
 
 void session_set_end(struct session *ss, const char *reason)
@@ -40,11 +71,46 @@ void session_abort(struct session *ss)
     ss->msg = NULL;
 }
 
-/* Copies a span as a C string, control octets (which no valid name or path holds) replaced by
- * '?' so that nothing can break a header line. Returns -1 if it does not fit. */
-static int copy_name(char dst[SESSION_NAME_MAX + 1], smtpe_span sp)
+void session_free(struct session *ss)
 {
-    if (sp.len > SESSION_NAME_MAX)
+    session_abort(ss);
+    free(ss->rcpts_buf);
+    ss->rcpts_buf = NULL;
+    ss->rcpts_len = ss->rcpts_cap = 0;
+}
+
+/* The transaction is over (end of data, RSET, a new greeting, ...): forget its recipients, its
+ * XFORWARD attributes and any unfinished message. */
+static void end_transaction(struct session *ss)
+{
+    session_abort(ss);
+    ss->store_failed = 0;
+    ss->nrcpt = 0;
+    ss->rcpt[0] = '\0';
+    ss->rcpts_len = 0;
+    memset(&ss->xf, 0, sizeof ss->xf);
+}
+
+void session_tls_up(struct session *ss, const char *version, const char *cipher, int bits,
+                    int alg_bits)
+{
+    ss->tls = 1;
+    snprintf(ss->tls_version, sizeof ss->tls_version, "%s", version);
+    snprintf(ss->tls_cipher, sizeof ss->tls_cipher, "%s", cipher);
+    ss->tls_bits = bits;
+    ss->tls_alg_bits = alg_bits;
+    ss->helo[0] = '\0';
+    ss->esmtp = 0;
+    ss->auth_user[0] = '\0';
+    end_transaction(ss);
+}
+
+/* Copies a span as a C string of at most max octets, control octets (which no valid name or
+ * path holds) replaced by '?' so that nothing can break a header line. Returns -1 if it does
+ * not fit. */
+static int copy_text(char *dst, size_t max, smtpe_span sp)
+{
+    if (sp.len > max)
         return -1;
     for (size_t i = 0; i < sp.len; i++) {
         uint8_t c = sp.ptr[i];
@@ -52,6 +118,11 @@ static int copy_name(char dst[SESSION_NAME_MAX + 1], smtpe_span sp)
     }
     dst[sp.len] = '\0';
     return 0;
+}
+
+static int copy_name(char dst[SESSION_NAME_MAX + 1], smtpe_span sp)
+{
+    return copy_text(dst, SESSION_NAME_MAX, sp);
 }
 
 /* The mailbox of a path as the event gave it; "postmaster" style paths carry no domain. */
@@ -102,24 +173,68 @@ static void rfc5322_date(time_t t, char *out, size_t cap)
              mon[tm.tm_mon % 12], tm.tm_year + 1900, tm.tm_hour, tm.tm_min, tm.tm_sec);
 }
 
-/* Return-Path and Received (RFC 5321 §4.4; protocol names of RFC 3848 and RFC 6531 §3.7.3). */
+/* The WITH protocol name (RFC 3848, RFC 6531 §3.7.3, RFC 2033): ESMTP, LMTP or UTF8SMTP/UTF8LMTP
+ * (SMTPUTF8 on MAIL) followed by S under TLS and A once authenticated; HELO gives plain SMTP,
+ * for which no such suffixes are registered. XFORWARD's PROTO, when given, replaces the base. */
+static void protocol_name(const struct session *ss, char *out, size_t cap)
+{
+    const char *base = ss->ctx->cfg.lmtp ? (ss->smtputf8 ? "UTF8LMTP" : "LMTP")
+                       : ss->smtputf8    ? "UTF8SMTP"
+                       : ss->esmtp       ? "ESMTP"
+                                         : "SMTP";
+    int plain = !ss->ctx->cfg.lmtp && !ss->smtputf8 && !ss->esmtp;
+
+    if (ss->xf.proto[0] != '\0') {
+        snprintf(out, cap, "%s", ss->xf.proto);
+        return;
+    }
+    snprintf(out, cap, "%s%s%s", base, !plain && ss->tls ? "S" : "",
+             !plain && ss->auth_user[0] ? "A" : "");
+}
+
+/* "(name [ip])", "([ip])", "(name)", "(unix socket)" or "(unknown)": the TCP-info of the
+ * Received header's from clause (RFC 5321 §4.4), for the forwarded client when XFORWARD
+ * named one. */
+static void tcp_info(const struct session *ss, char *out, size_t cap)
+{
+    const char *name = ss->xf.set ? ss->xf.name : ss->peer_name;
+    const char *ip = ss->xf.set ? ss->xf.addr : ss->peer_ip;
+    int v6 = ss->xf.set ? ss->xf.addr_v6 : ss->peer_v6;
+
+    if (!ss->xf.set && ss->peer_unix)
+        snprintf(out, cap, "(unix socket)");
+    else if (ip[0] != '\0')
+        snprintf(out, cap, "(%s%s%s%s]", name, name[0] ? " " : "", v6 ? "[IPv6:" : "[", ip);
+    else
+        snprintf(out, cap, "(%s", name[0] ? name : "unknown");
+    if (strchr(out, ')') == NULL && strlen(out) + 2 <= cap)
+        strcat(out, ")");
+}
+
+/* Return-Path and Received (RFC 5321 §4.4). Under TLS a comment names the protocol and cipher
+ * as Postfix and Exim do. */
 static int write_trace(struct session *ss, time_t now)
 {
     const char *hostname = ss->ctx->opt.hostname;
-    /* RFC 6531 §3.7.3 registers "UTF8SMTP" for ESMTP with SMTPUTF8 (which needs EHLO). */
-    const char *proto = ss->smtputf8 ? "UTF8SMTP" : ss->esmtp ? "ESMTP" : "SMTP";
-    char date[64], buf[TRACE_MAX];
+    const char *helo = ss->xf.set && ss->xf.helo[0] ? ss->xf.helo : ss->helo;
+    char date[64], proto[32], info[HOST_NAME_MAX_LEN + NET_IP_MAX + 16], tls[160];
+    char buf[TRACE_MAX];
     int n;
 
     rfc5322_date(now, date, sizeof date);
+    protocol_name(ss, proto, sizeof proto);
+    tcp_info(ss, info, sizeof info);
+    tls[0] = '\0';
+    if (ss->tls)
+        snprintf(tls, sizeof tls, "\r\n\t(using %s with cipher %s (%d/%d bits))",
+                 ss->tls_version, ss->tls_cipher, ss->tls_bits, ss->tls_alg_bits);
     n = snprintf(buf, sizeof buf,
                  "Return-Path: <%s>\r\n"
-                 "Received: from %s (%s%s%s)\r\n"
+                 "Received: from %s %s%s\r\n"
                  "\tby %s (smtpe) with %s id %s%s%s%s; %s\r\n",
-                 ss->mail, ss->helo[0] ? ss->helo : "unknown",
-                 ss->peer_v6 ? "[IPv6:" : "[", ss->peer_ip, "]", hostname, proto, ss->queue_id,
-                 ss->nrcpt == 1 ? "\r\n\tfor <" : "", ss->nrcpt == 1 ? ss->rcpt : "",
-                 ss->nrcpt == 1 ? ">" : "", date);
+                 ss->mail, helo[0] ? helo : "unknown", info, tls, hostname, proto,
+                 ss->queue_id, ss->nrcpt == 1 ? "\r\n\tfor <" : "",
+                 ss->nrcpt == 1 ? ss->rcpt : "", ss->nrcpt == 1 ? ">" : "", date);
     if (n < 0 || (size_t)n >= sizeof buf)
         return -1;
     return maildir_msg_write(ss->msg, buf, (size_t)n);
@@ -138,22 +253,51 @@ static void log_message(const struct session *ss, uint64_t size, const char *sta
 
 static int on_helo(struct session *ss, smtpe_server *s, const smtpe_event *ev)
 {
+    end_transaction(ss); /* a greeting resets any transaction (RFC 5321 §4.1.4) */
     if (copy_name(ss->helo, ev->helo.domain) < 0)
         return smtpe_server_reply(s, 501, "5.5.4", "Hostname too long");
     ss->esmtp = ev->helo.esmtp;
-    ss->nrcpt = 0;
     return smtpe_server_accept(s);
 }
 
 static int on_mail(struct session *ss, smtpe_server *s, const smtpe_event *ev)
 {
+    struct session_xforward xf = ss->xf; /* XFORWARD comes before MAIL and is for this one */
+
     if (copy_name(ss->mail, ev->mail.reverse_path.mailbox) < 0)
         return smtpe_server_reply(s, 501, "5.1.7", "Path too long");
+    end_transaction(ss);
+    ss->xf = xf;
     ss->smtputf8 = ev->mail.smtputf8;
-    ss->nrcpt = 0;
-    ss->rcpt[0] = '\0';
     ss->mails++;
     return smtpe_server_accept(s);
+}
+
+/* LMTP: appends a recipient mailbox to the transaction's list. Returns 0, or -1 without
+ * memory. */
+static int remember_rcpt(struct session *ss, const char *mailbox)
+{
+    size_t need = strlen(mailbox) + 1;
+
+    if (ss->rcpts_len + need > ss->rcpts_cap) {
+        size_t bound = (size_t)ss->ctx->cfg.max_recipients * (SESSION_NAME_MAX + 1);
+        size_t cap = ss->rcpts_cap ? ss->rcpts_cap * 2 : 1024;
+        char *p;
+        while (cap < ss->rcpts_len + need)
+            cap *= 2;
+        if (cap > bound)
+            cap = bound;
+        if (cap < ss->rcpts_len + need)
+            return -1; /* more than max_recipients: the engine never lets that happen */
+        p = realloc(ss->rcpts_buf, cap);
+        if (p == NULL)
+            return -1;
+        ss->rcpts_buf = p;
+        ss->rcpts_cap = cap;
+    }
+    memcpy(ss->rcpts_buf + ss->rcpts_len, mailbox, need);
+    ss->rcpts_len += need;
+    return 0;
 }
 
 static int on_rcpt(struct session *ss, smtpe_server *s, const smtpe_event *ev)
@@ -165,6 +309,10 @@ static int on_rcpt(struct session *ss, smtpe_server *s, const smtpe_event *ev)
         return smtpe_server_reply(s, 550, "5.7.1", "Relay access denied");
     if (copy_name(tmp, path_mailbox(p)) < 0)
         return smtpe_server_reply(s, 501, "5.1.3", "Path too long");
+    if (ss->ctx->cfg.lmtp && remember_rcpt(ss, tmp) < 0) {
+        host_log("error peer=%s rcpt: out of memory", ss->peer);
+        return smtpe_server_reply(s, 452, "4.3.1", "Insufficient system storage");
+    }
     if (ss->nrcpt == 0)
         memcpy(ss->rcpt, tmp, sizeof tmp);
     ss->nrcpt++;
@@ -172,42 +320,119 @@ static int on_rcpt(struct session *ss, smtpe_server *s, const smtpe_event *ev)
     return smtpe_server_accept(s);
 }
 
-static int on_data(struct session *ss, smtpe_server *s)
+/* Opens the Maildir file for a new message and writes the trace headers (DATA, or the first
+ * BDAT chunk). Returns 0, or -1 (logged; the message is then refused). */
+static int begin_message(struct session *ss)
 {
     time_t now = time(NULL);
 
+    session_abort(ss);
+    ss->store_failed = 0;
     maildir_queue_id(ss->queue_id);
-    if (!ss->ctx->opt.sink) {
-        ss->msg = maildir_msg_begin(&ss->ctx->maildir, ss->queue_id, now);
-        if (ss->msg == NULL || write_trace(ss, now) < 0) {
-            host_log("error id=%s maildir: %s", ss->queue_id, strerror(errno));
-            session_abort(ss);
-            log_message(ss, 0, "io-error", 0);
-            return smtpe_server_reply(s, 451, "4.3.0",
-                                      "Requested action aborted: local error in processing");
-        }
-    }
     ss->datas++;
+    if (ss->ctx->opt.sink)
+        return 0;
+    ss->msg = maildir_msg_begin(&ss->ctx->maildir, ss->queue_id, now);
+    if (ss->msg == NULL || write_trace(ss, now) < 0) {
+        host_log("error id=%s maildir: %s", ss->queue_id, strerror(errno));
+        session_abort(ss);
+        ss->store_failed = 1;
+        return -1;
+    }
+    return 0;
+}
+
+static int on_data(struct session *ss, smtpe_server *s)
+{
+    if (begin_message(ss) < 0) {
+        log_message(ss, 0, "io-error", 0);
+        end_transaction(ss);
+        return smtpe_server_reply(s, 451, "4.3.0", LOCAL_ERROR_TEXT);
+    }
     return smtpe_server_accept(s);
+}
+
+/* A BDAT chunk begins; the first one of a transaction opens the message as DATA does. No
+ * verdict: a failure is reported at the chunk's end. */
+static void on_bdat(struct session *ss, const smtpe_event *ev)
+{
+    if (ev->bdat.first)
+        (void)begin_message(ss);
 }
 
 static void on_chunk(struct session *ss, smtpe_span chunk)
 {
+    if (ss->msg != NULL && maildir_msg_write(ss->msg, chunk.ptr, chunk.len) < 0)
+        ss->store_failed = 1; /* errno is reported again at commit */
+}
+
+/* The end of a BDAT chunk without LAST: refuse at once if the message cannot be stored (a 4xx
+ * ends the transaction), else 250. */
+static int on_chunk_end(struct session *ss, smtpe_server *s)
+{
+    if (!ss->store_failed)
+        return smtpe_server_accept(s);
     if (ss->msg != NULL)
-        (void)maildir_msg_write(ss->msg, chunk.ptr, chunk.len); /* error seen at commit */
+        host_log("error id=%s maildir: write failed", ss->queue_id);
+    log_message(ss, 0, "io-error", 0);
+    end_transaction(ss);
+    return smtpe_server_reply(s, 451, "4.3.0", LOCAL_ERROR_TEXT);
+}
+
+/* The next recipient of the LMTP list at *pos, NULL after the last. */
+static const char *next_rcpt(const struct session *ss, size_t *pos)
+{
+    const char *r;
+
+    if (*pos >= ss->rcpts_len)
+        return NULL;
+    r = ss->rcpts_buf + *pos;
+    *pos += strlen(r) + 1;
+    return r;
+}
+
+/* The verdicts for a stored (ok) or failed message: one, or under LMTP one per recipient
+ * ("<mailbox> text", RFC 2033 §4.2). */
+static int data_verdicts(struct session *ss, smtpe_server *s, unsigned replies, int ok)
+{
+    char text[64], line[LMTP_TEXT_MAILBOX_MAX + 128];
+    size_t pos = 0;
+    int rc = 0;
+
+    if (ok)
+        snprintf(text, sizeof text, "Ok: queued as %s", ss->queue_id);
+    if (!ss->ctx->cfg.lmtp || replies == 0)
+        return ok ? smtpe_server_reply(s, 250, "2.0.0", text)
+                  : smtpe_server_reply(s, 451, "4.3.0", LOCAL_ERROR_TEXT);
+    for (unsigned i = 0; i < replies && rc == 0; i++) {
+        const char *mbox = next_rcpt(ss, &pos);
+        const char *t = ok ? text : LOCAL_ERROR_TEXT;
+        if (mbox != NULL && strlen(mbox) <= LMTP_TEXT_MAILBOX_MAX)
+            snprintf(line, sizeof line, "<%s> %s", mbox, t);
+        else
+            snprintf(line, sizeof line, "%s", t);
+        rc = ok ? smtpe_server_reply(s, 250, "2.0.0", line)
+                : smtpe_server_reply(s, 451, "4.3.0", line);
+    }
+    return rc;
 }
 
 static int on_data_end(struct session *ss, smtpe_server *s, const smtpe_event *ev)
 {
-    char text[64];
-    int status = ev->data_end.status;
+    int status = ev->data_end.status, rc;
 
     if (status != SMTPE_DATA_OK) { /* the engine has already replied */
-        session_abort(ss);
         log_message(ss, ev->data_end.size,
                     status == SMTPE_DATA_TOO_BIG ? "too-big" : "bad-line-ending",
                     ev->data_end.flags);
+        end_transaction(ss);
         return 0;
+    }
+    if (ss->store_failed) {
+        log_message(ss, ev->data_end.size, "io-error", ev->data_end.flags);
+        rc = data_verdicts(ss, s, ev->data_end.replies, 0);
+        end_transaction(ss);
+        return rc;
     }
     if (ss->msg != NULL) {
         struct maildir_msg *m = ss->msg;
@@ -215,14 +440,273 @@ static int on_data_end(struct session *ss, smtpe_server *s, const smtpe_event *e
         if (maildir_msg_commit(m) < 0) {
             host_log("error id=%s maildir: %s", ss->queue_id, strerror(errno));
             log_message(ss, ev->data_end.size, "io-error", ev->data_end.flags);
-            return smtpe_server_reply(s, 451, "4.3.0",
-                                      "Requested action aborted: local error in processing");
+            rc = data_verdicts(ss, s, ev->data_end.replies, 0);
+            end_transaction(ss);
+            return rc;
         }
     }
     ss->delivered++;
     log_message(ss, ev->data_end.size, "queued", ev->data_end.flags);
-    snprintf(text, sizeof text, "Ok: queued as %s", ss->queue_id);
-    return smtpe_server_reply(s, 250, "2.0.0", text);
+    rc = data_verdicts(ss, s, ev->data_end.replies, 1);
+    end_transaction(ss);
+    return rc;
+}
+
+static int on_starttls(struct session *ss, smtpe_server *s)
+{
+    if (ss->ctx->tls == NULL) /* the engine offers STARTTLS only with a context: not reached */
+        return smtpe_server_reply(s, 454, "4.7.0", "TLS not available");
+    return smtpe_server_accept(s);
+}
+
+static int span_eq(smtpe_span a, smtpe_span b)
+{
+    return a.len == b.len && (a.len == 0 || memcmp(a.ptr, b.ptr, a.len) == 0);
+}
+
+/* AUTH PLAIN or LOGIN: the credentials against the user file. crypt(3) runs whatever the
+ * user name, and blocks this thread for its few milliseconds. The password is never logged. */
+static int on_auth(struct session *ss, smtpe_server *s, const smtpe_event *ev)
+{
+    const char *mech = ev->auth.mechanism_id == SMTPE_SASL_PLAIN ? "PLAIN" : "LOGIN";
+    char user[3 * AUTH_USER_MAX + 1];
+    int ok;
+
+    if (ss->ctx->auth == NULL || (ev->auth.mechanism_id != SMTPE_SASL_PLAIN &&
+                                  ev->auth.mechanism_id != SMTPE_SASL_LOGIN))
+        return smtpe_server_reply(s, 504, "5.5.4", "Unrecognized authentication type");
+    /* Acting as another user (an authorization identity other than the authentication one,
+     * RFC 4616 §2) is not supported: refused like bad credentials, after the same work. */
+    ok = auth_db_check(ss->ctx->auth, ev->auth.authcid.ptr, ev->auth.authcid.len,
+                       ev->auth.password.ptr, ev->auth.password.len);
+    ok = ok && (ev->auth.authzid.len == 0 || span_eq(ev->auth.authzid, ev->auth.authcid));
+    host_log_token(user, sizeof user, ev->auth.authcid.ptr,
+                   ev->auth.authcid.len < AUTH_USER_MAX ? ev->auth.authcid.len : AUTH_USER_MAX);
+    if (!ok) {
+        ss->auth_failures++;
+        host_log("auth-failed peer=%s user=%s mechanism=%s", ss->peer, user, mech);
+        return smtpe_server_reply(s, 535, "5.7.8", "Authentication credentials invalid");
+    }
+    (void)copy_text(ss->auth_user, AUTH_USER_MAX, ev->auth.authcid);
+    host_log("auth peer=%s auth=%s mechanism=%s", ss->peer, user, mech);
+    return smtpe_server_accept(s);
+}
+
+/* Makes the address (network order) the client's, the one who spoke for it becoming via. */
+static void set_client(struct session *ss, int family, const uint8_t *addr, unsigned port)
+{
+    if (ss->via[0] == '\0')
+        snprintf(ss->via, sizeof ss->via, "%s", ss->peer);
+    ss->peer_unix = 0;
+    ss->peer_v6 = 0;
+    ss->peer_port = port;
+    if (family == AF_INET6 && IN6_IS_ADDR_V4MAPPED((const struct in6_addr *)addr)) {
+        family = AF_INET;
+        addr += 12;
+    }
+    if (inet_ntop(family, addr, ss->peer_ip, sizeof ss->peer_ip) == NULL)
+        ss->peer_ip[0] = '\0';
+    ss->peer_v6 = family == AF_INET6;
+    set_peer_text(ss);
+}
+
+/* A PROXY header: its source becomes the client (LOCAL, UNKNOWN and unix sources keep the
+ * connection's own peer), and whether it may use XCLIENT is decided on that address. */
+static int on_proxy(struct session *ss, smtpe_server *s, const smtpe_event *ev)
+{
+    const smtpe_proxy_info *p = &ev->proxy;
+    const struct host_options *o = &ss->ctx->opt;
+    int family = p->family == SMTPE_PROXY_AF_INET ? AF_INET : AF_INET6;
+
+    if (!p->local && (p->family == SMTPE_PROXY_AF_INET || p->family == SMTPE_PROXY_AF_INET6)) {
+        int rc;
+        set_client(ss, family, p->src_addr, p->src_port);
+        if (o->xclient_count > 0 &&
+            (rc = smtpe_server_set_trusted(
+                 s, net_cidr_match(o->xclient_from, o->xclient_count, family, p->src_addr))) < 0)
+            return rc;
+    }
+    return smtpe_server_accept(s);
+}
+
+/* "[UNAVAILABLE]" and "[TEMPUNAVAIL]": the proxy does not know the value. */
+static int unknown_value(smtpe_span v)
+{
+    return ascii_ieq("[UNAVAILABLE]", v) || ascii_ieq("[TEMPUNAVAIL]", v);
+}
+
+/* An ADDR value: IPv4, IPv6 or "IPV6:" + IPv6 (Postfix's form). Returns 0 with the family and
+ * the network-order address in addr[16], or -1. */
+static int parse_addr(smtpe_span v, int *family, uint8_t addr[16])
+{
+    char buf[NET_IP_MAX];
+    const char *p = buf;
+
+    if (v.len == 0 || v.len >= sizeof buf || memchr(v.ptr, '\0', v.len) != NULL)
+        return -1;
+    memcpy(buf, v.ptr, v.len);
+    buf[v.len] = '\0';
+    if (strncasecmp(buf, "IPV6:", 5) == 0)
+        p += 5;
+    if (p == buf && inet_pton(AF_INET, p, addr) == 1) {
+        *family = AF_INET;
+        return 0;
+    }
+    if (inet_pton(AF_INET6, p, addr) == 1) {
+        *family = AF_INET6;
+        return 0;
+    }
+    return -1;
+}
+
+/* A PORT value: 0..65535. */
+static int parse_port(smtpe_span v, unsigned *port)
+{
+    unsigned n = 0;
+
+    if (v.len == 0 || v.len > 5)
+        return -1;
+    for (size_t i = 0; i < v.len; i++) {
+        if (v.ptr[i] < '0' || v.ptr[i] > '9')
+            return -1;
+        n = n * 10 + (unsigned)(v.ptr[i] - '0');
+    }
+    if (n > 65535)
+        return -1;
+    *port = n;
+    return 0;
+}
+
+/* A host name: printable ASCII without space, at most 255 octets. */
+static int copy_hostname(char dst[HOST_NAME_MAX_LEN + 1], smtpe_span v)
+{
+    for (size_t i = 0; i < v.len; i++)
+        if (v.ptr[i] <= ' ' || v.ptr[i] >= 0x7f)
+            return -1;
+    return copy_text(dst, HOST_NAME_MAX_LEN, v);
+}
+
+/* XCLIENT attributes, checked before any is applied. */
+struct xclient_values {
+    int has_addr, addr_family, has_port, has_name, has_helo, has_login, has_proto;
+    uint8_t addr[16];
+    unsigned port;
+    char name[HOST_NAME_MAX_LEN + 1];
+    char helo[SESSION_NAME_MAX + 1];
+    char login[AUTH_USER_MAX + 1];
+    int esmtp;
+};
+
+/* Parses one XCLIENT attribute into x. Returns 0, or -1 for a bad value. */
+static int xclient_attr(struct xclient_values *x, const smtpe_param *a)
+{
+    smtpe_span k = a->keyword, v = a->value;
+    int unknown = unknown_value(v);
+
+    if (ascii_ieq("ADDR", k)) {
+        x->has_addr = 1;
+        return unknown ? (x->addr_family = 0) : parse_addr(v, &x->addr_family, x->addr);
+    }
+    if (ascii_ieq("PORT", k)) {
+        x->has_port = 1;
+        return unknown ? (int)(x->port = 0) : parse_port(v, &x->port);
+    }
+    if (ascii_ieq("NAME", k)) {
+        x->has_name = 1;
+        x->name[0] = '\0';
+        return unknown ? 0 : copy_hostname(x->name, v);
+    }
+    if (ascii_ieq("HELO", k)) {
+        x->has_helo = 1;
+        x->helo[0] = '\0';
+        return unknown ? 0 : copy_name(x->helo, v);
+    }
+    if (ascii_ieq("LOGIN", k)) {
+        x->has_login = 1;
+        x->login[0] = '\0';
+        return unknown ? 0 : copy_text(x->login, AUTH_USER_MAX, v);
+    }
+    if (ascii_ieq("PROTO", k)) {
+        x->has_proto = 1;
+        x->esmtp = ascii_ieq("ESMTP", v);
+        return unknown || x->esmtp || ascii_ieq("SMTP", v) ? 0 : -1;
+    }
+    return 0; /* DESTADDR, DESTPORT: the server's side, nothing to record */
+}
+
+/* XCLIENT: the attributes replace what this host knows of the client, and the engine restarts
+ * the session (a new greeting; HELO and AUTH forgotten). */
+static int on_xclient(struct session *ss, smtpe_server *s, const smtpe_event *ev)
+{
+    struct xclient_values x;
+
+    memset(&x, 0, sizeof x);
+    for (size_t i = 0; i < ev->xclient.count; i++)
+        if (xclient_attr(&x, &ev->xclient.attrs[i]) < 0)
+            return smtpe_server_reply(s, 501, "5.5.4", "Bad XCLIENT attribute");
+    end_transaction(ss);
+    ss->helo[0] = '\0';
+    ss->esmtp = 0;
+    ss->auth_user[0] = '\0';
+    if (x.has_addr) {
+        if (x.addr_family != 0) {
+            set_client(ss, x.addr_family, x.addr, ss->peer_port);
+        } else {
+            if (ss->via[0] == '\0')
+                snprintf(ss->via, sizeof ss->via, "%s", ss->peer);
+            ss->peer_ip[0] = '\0';
+            ss->peer_unix = 0;
+        }
+    }
+    if (x.has_port)
+        ss->peer_port = x.port;
+    if (x.has_name)
+        memcpy(ss->peer_name, x.name, sizeof x.name);
+    if (x.has_helo)
+        memcpy(ss->helo, x.helo, sizeof x.helo);
+    if (x.has_login)
+        memcpy(ss->auth_user, x.login, sizeof x.login);
+    if (x.has_proto)
+        ss->esmtp = x.esmtp;
+    set_peer_text(ss);
+    host_log("xclient peer=%s via=%s", ss->peer, ss->via[0] ? ss->via : "-");
+    return smtpe_server_accept(s);
+}
+
+/* XFORWARD: the client of the next transaction as the forwarding MTA saw it, for the Received
+ * header. Attributes add up over several commands. */
+static int on_xforward(struct session *ss, smtpe_server *s, const smtpe_event *ev)
+{
+    struct session_xforward xf = ss->xf;
+
+    for (size_t i = 0; i < ev->xclient.count; i++) {
+        const smtpe_param *a = &ev->xclient.attrs[i];
+        smtpe_span k = a->keyword, v = a->value;
+        int unknown = unknown_value(v), bad = 0;
+        if (ascii_ieq("ADDR", k)) {
+            uint8_t addr[16];
+            int family;
+            xf.addr[0] = '\0';
+            if (!unknown && !(bad = parse_addr(v, &family, addr) < 0)) {
+                xf.addr_v6 = family == AF_INET6;
+                (void)inet_ntop(family, addr, xf.addr, sizeof xf.addr);
+            }
+        } else if (ascii_ieq("NAME", k)) {
+            xf.name[0] = '\0';
+            bad = !unknown && copy_hostname(xf.name, v) < 0;
+        } else if (ascii_ieq("HELO", k)) {
+            xf.helo[0] = '\0';
+            bad = !unknown && copy_name(xf.helo, v) < 0;
+        } else if (ascii_ieq("PROTO", k)) {
+            xf.proto[0] = '\0';
+            bad = !unknown && (copy_hostname(xf.proto, (smtpe_span){v.ptr, v.len < 15 ? v.len : 16}) < 0);
+        } /* PORT, IDENT, SOURCE: not used in the trace */
+        if (bad)
+            return smtpe_server_reply(s, 501, "5.5.4", "Bad XFORWARD attribute");
+    }
+    xf.set = 1;
+    ss->xf = xf;
+    return smtpe_server_accept(s);
 }
 
 int session_on_event(struct session *ss, smtpe_server *s, const smtpe_event *ev)
@@ -236,24 +720,43 @@ int session_on_event(struct session *ss, smtpe_server *s, const smtpe_event *ev)
         return on_rcpt(ss, s, ev);
     case SMTPE_EV_DATA:
         return on_data(ss, s);
+    case SMTPE_EV_BDAT:
+        on_bdat(ss, ev);
+        return 0;
     case SMTPE_EV_DATA_CHUNK:
         on_chunk(ss, ev->chunk);
         return 0;
+    case SMTPE_EV_CHUNK_END:
+        return on_chunk_end(ss, s);
     case SMTPE_EV_DATA_END:
         return on_data_end(ss, s, ev);
     case SMTPE_EV_RSET:
-        ss->nrcpt = 0;
+        end_transaction(ss);
         return 0;
+    case SMTPE_EV_STARTTLS:
+        return on_starttls(ss, s);
+    case SMTPE_EV_AUTH:
+        return on_auth(ss, s, ev);
+    case SMTPE_EV_PROXY:
+        return on_proxy(ss, s, ev);
+    case SMTPE_EV_PROXY_INVALID:
+        host_log("error peer=%s proxy header invalid", ss->peer);
+        session_set_end(ss, "proxy-invalid");
+        return 0;
+    case SMTPE_EV_XCLIENT:
+        return on_xclient(ss, s, ev);
+    case SMTPE_EV_XFORWARD:
+        return on_xforward(ss, s, ev);
     case SMTPE_EV_QUIT:
         session_set_end(ss, "quit");
         return 0;
     case SMTPE_EV_TIMEOUT:
         session_set_end(ss, "timeout");
-        session_abort(ss);
+        end_transaction(ss);
         return 0;
     case SMTPE_EV_ERROR_LIMIT:
         session_set_end(ss, "error-limit");
-        session_abort(ss);
+        end_transaction(ss);
         return 0;
     case SMTPE_EV_VRFY:
     case SMTPE_EV_EXPN:
@@ -261,5 +764,5 @@ int session_on_event(struct session *ss, smtpe_server *s, const smtpe_event *ev)
     case SMTPE_EV_NONE:
         break;
     }
-    return smtpe_event_needs_reply(ev) ? smtpe_server_accept(s) : 0;
+    return smtpe_server_accept(s);
 }

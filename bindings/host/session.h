@@ -1,7 +1,9 @@
 /*
- * session.h - the host's side of one SMTP session: the verdict for each engine event (recipient
- * domain policy, Maildir delivery or --sink), the trace headers, the per-message log line and the
- * counters of the disconnect line. It never touches the socket; conn.c feeds it the events.
+ * session.h - the host's side of one SMTP or LMTP session: the verdict for each engine event
+ * (recipient domain policy, AUTH against the user file, Maildir delivery or --sink), the
+ * client as this host sees it (the socket peer, or what PROXY, XCLIENT and XFORWARD said), the
+ * trace headers, the per-message log line and the counters of the disconnect line. It never
+ * touches the socket; conn.c feeds it the events and tells it when TLS is up.
  */
 #ifndef SMTPE_HOST_SESSION_H
 #define SMTPE_HOST_SESSION_H
@@ -9,6 +11,7 @@
 #include <stdint.h>
 #include <sys/socket.h>
 
+#include "auth.h"
 #include "host.h"
 #include "maildir.h"
 #include "net.h"
@@ -16,19 +19,48 @@
 
 #define SESSION_NAME_MAX 512 /* longest HELO argument or path kept (a command line is 512) */
 
+/* What XFORWARD said about the client of the next transaction (Postfix XFORWARD_README);
+ * empty strings for what it did not say or called [UNAVAILABLE]. */
+struct session_xforward {
+    int set;
+    char name[HOST_NAME_MAX_LEN + 1];
+    char addr[NET_IP_MAX];
+    int addr_v6;
+    char helo[SESSION_NAME_MAX + 1];
+    char proto[16];
+};
+
 struct session {
     const struct host_ctx *ctx;
-    char peer_ip[NET_IP_MAX];
+    /* The client: the socket peer, replaced by PROXY's source or XCLIENT's ADDR/PORT. */
+    char peer_ip[NET_IP_MAX];        /* "" when unknown (XCLIENT ADDR=[UNAVAILABLE]) */
     int peer_v6;
-    char peer[NET_HOSTPORT_MAX];     /* "ip:port" for the log */
-    char helo[SESSION_NAME_MAX + 1]; /* HELO/EHLO argument, "" before the first */
-    int esmtp;                       /* the last greeting was EHLO */
+    int peer_unix;                   /* a unix socket peer: no address */
+    unsigned peer_port;
+    char peer_name[HOST_NAME_MAX_LEN + 1]; /* XCLIENT NAME (reverse DNS), "" if none */
+    char peer[NET_HOSTPORT_MAX];     /* "ip:port", "[ip6]:port", "unix" for the log */
+    char via[NET_HOSTPORT_MAX];      /* the balancer or proxy that spoke for it, "" if none */
+    char helo[SESSION_NAME_MAX + 1]; /* HELO/EHLO/LHLO argument, "" before the first */
+    int esmtp;                       /* the last greeting was EHLO or LHLO */
     char mail[SESSION_NAME_MAX + 1]; /* reverse-path mailbox of the transaction ("" for <>) */
     int smtputf8;                    /* the MAIL had SMTPUTF8 */
     char rcpt[SESSION_NAME_MAX + 1]; /* first accepted forward-path mailbox */
     unsigned nrcpt;                  /* recipients accepted in this transaction */
+    /* LMTP: every accepted recipient mailbox of the transaction, NUL-terminated one after the
+     * other, for the per-recipient replies. Grows as recipients come, up to max_recipients
+     * names; kept for the session, freed by session_free. */
+    char *rcpts_buf;
+    size_t rcpts_len, rcpts_cap;
     char queue_id[MAILDIR_QUEUE_ID_LEN + 1];
     struct maildir_msg *msg;         /* message being written, NULL if none (or --sink) */
+    int store_failed;                /* the message could not be opened or written */
+    int tls;                         /* TLS is up */
+    char tls_version[32];            /* "TLSv1.3" */
+    char tls_cipher[64];             /* "TLS_AES_256_GCM_SHA384" */
+    int tls_bits, tls_alg_bits;
+    char auth_user[AUTH_USER_MAX + 1]; /* authenticated user (AUTH or XCLIENT LOGIN), or "" */
+    unsigned auth_failures;
+    struct session_xforward xf;
     unsigned mails, rcpts, datas, delivered; /* whole-session counters for the log */
     const char *end;                 /* why the session ended; NULL until known */
 };
@@ -36,15 +68,27 @@ struct session {
 /* Prepares ss for a connection from peer. */
 void session_init(struct session *ss, const struct host_ctx *ctx, const struct sockaddr *peer);
 
+/* Once the engine session s exists: marks it trusted for XCLIENT/XFORWARD when the peer is in
+ * --xclient-from. Returns 0 or a negative SMTPE_ERR_*. */
+int session_start(struct session *ss, smtpe_server *s, const struct sockaddr *peer);
+
 /* Handles one event taken from s, giving its verdict if it needs one.
  * Returns 0, or a negative SMTPE_ERR_* if the engine refused a verdict (the session is then
  * unusable). */
 int session_on_event(struct session *ss, smtpe_server *s, const smtpe_event *ev);
+
+/* TLS is up (the engine has restarted the session): records the protocol and cipher for the
+ * Received header and the log, and forgets HELO, AUTH and XFORWARD as the engine did. */
+void session_tls_up(struct session *ss, const char *version, const char *cipher, int bits,
+                    int alg_bits);
 
 /* Records why the session ended; the first reason given wins. */
 void session_set_end(struct session *ss, const char *reason);
 
 /* Discards the message being written, if any. */
 void session_abort(struct session *ss);
+
+/* Discards the message and frees what the session holds (not ss itself). */
+void session_free(struct session *ss);
 
 #endif
