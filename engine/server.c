@@ -1718,6 +1718,8 @@ int smtpe_server_close(smtpe_server *s, unsigned code, const char *enhanced, con
     s->verdict = SMTPE_EV_NONE;
     s->event_ready = 0;
     s->closing = 1;
+    if (s->auth != AUTH_NONE)
+        auth_end(s); /* wipe credentials a dropped AUTH verdict left */
     return 0;
 }
 

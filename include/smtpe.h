@@ -403,12 +403,13 @@ SMTPE_EXTERN int smtpe_event_needs_reply(const smtpe_event *ev);
 typedef struct smtpe_server smtpe_server;
 
 /* Octets of memory one session needs for cfg: a fixed size, never growing. It is
- *   S + (max_line_length - 2) + max(reply_buffer_size, R + 600)
- * where S is the session struct (about 2 KiB, rounded to max_align_t; it holds the LOGIN
- * user name), 600 octets are kept for a final 421/221 line, and R = max(2560, E) is the room
- * one reply may need, with E the EHLO reply's bound: 1100 (a first line of up to 400 octets
- * and the built-in extensions) + strlen(auth_mechanisms) + sum(6 + strlen(ehlo_extra[i])).
- * With the defaults: about 2 KiB + 510 + 4096 octets. Returns 0 if cfg is invalid. */
+ *   S + (max_line_length - 2) + max(reply_buffer_size, R + 600) + L
+ * where S is the session struct (about 1.4 KiB, rounded to max_align_t; it holds the LOGIN
+ * user name), 600 octets are kept for a final 421/221 line, R = max(2560, E) is the room one
+ * reply may need, with E the EHLO reply's bound: 1100 (a first line of up to 400 octets and
+ * the built-in extensions) + strlen(auth_mechanisms) + sum(6 + strlen(ehlo_extra[i])), and
+ * L = 512 * max_recipients under LMTP (one reply line per recipient), else 0.
+ * With the defaults: 5950 octets (57150 with lmtp). Returns 0 if cfg is invalid. */
 SMTPE_EXTERN size_t smtpe_server_memory_size(const smtpe_server_config *cfg);
 
 /* Creates a session with one allocation of smtpe_server_memory_size(cfg) octets through alloc

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include "log.h"
@@ -204,11 +205,9 @@ static void tcp_info(const struct session *ss, char *out, size_t cap)
     if (!ss->xf.set && ss->peer_unix)
         snprintf(out, cap, "(unix socket)");
     else if (ip[0] != '\0')
-        snprintf(out, cap, "(%s%s%s%s]", name, name[0] ? " " : "", v6 ? "[IPv6:" : "[", ip);
+        snprintf(out, cap, "(%s%s[%s%s])", name, name[0] ? " " : "", v6 ? "IPv6:" : "", ip);
     else
-        snprintf(out, cap, "(%s", name[0] ? name : "unknown");
-    if (strchr(out, ')') == NULL && strlen(out) + 2 <= cap)
-        strcat(out, ")");
+        snprintf(out, cap, "(%s)", name[0] ? name : "unknown");
 }
 
 /* Return-Path and Received (RFC 5321 §4.4). Under TLS a comment names the protocol and cipher
@@ -605,11 +604,13 @@ static int xclient_attr(struct xclient_values *x, const smtpe_param *a)
 
     if (ascii_ieq("ADDR", k)) {
         x->has_addr = 1;
-        return unknown ? (x->addr_family = 0) : parse_addr(v, &x->addr_family, x->addr);
+        x->addr_family = 0; /* 0: unknown */
+        return unknown ? 0 : parse_addr(v, &x->addr_family, x->addr);
     }
     if (ascii_ieq("PORT", k)) {
         x->has_port = 1;
-        return unknown ? (int)(x->port = 0) : parse_port(v, &x->port);
+        x->port = 0;
+        return unknown ? 0 : parse_port(v, &x->port);
     }
     if (ascii_ieq("NAME", k)) {
         x->has_name = 1;
@@ -650,7 +651,7 @@ static int on_xclient(struct session *ss, smtpe_server *s, const smtpe_event *ev
     ss->auth_user[0] = '\0';
     if (x.has_addr) {
         if (x.addr_family != 0) {
-            set_client(ss, x.addr_family, x.addr, ss->peer_port);
+            set_client(ss, x.addr_family, x.addr, 0);
         } else {
             if (ss->via[0] == '\0')
                 snprintf(ss->via, sizeof ss->via, "%s", ss->peer);
@@ -671,6 +672,19 @@ static int on_xclient(struct session *ss, smtpe_server *s, const smtpe_event *ev
     set_peer_text(ss);
     host_log("xclient peer=%s via=%s", ss->peer, ss->via[0] ? ss->via : "-");
     return smtpe_server_accept(s);
+}
+
+/* A protocol name (ESMTP, SMTP, ...): letters and digits, shorter than cap. */
+static int copy_proto(char *dst, size_t cap, smtpe_span v)
+{
+    if (v.len == 0 || v.len >= cap)
+        return -1;
+    for (size_t i = 0; i < v.len; i++) {
+        uint8_t c = v.ptr[i];
+        if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9')))
+            return -1;
+    }
+    return copy_text(dst, cap - 1, v);
 }
 
 /* XFORWARD: the client of the next transaction as the forwarding MTA saw it, for the Received
@@ -699,7 +713,7 @@ static int on_xforward(struct session *ss, smtpe_server *s, const smtpe_event *e
             bad = !unknown && copy_name(xf.helo, v) < 0;
         } else if (ascii_ieq("PROTO", k)) {
             xf.proto[0] = '\0';
-            bad = !unknown && (copy_hostname(xf.proto, (smtpe_span){v.ptr, v.len < 15 ? v.len : 16}) < 0);
+            bad = !unknown && copy_proto(xf.proto, sizeof xf.proto, v) < 0;
         } /* PORT, IDENT, SOURCE: not used in the trace */
         if (bad)
             return smtpe_server_reply(s, 501, "5.5.4", "Bad XFORWARD attribute");
@@ -764,5 +778,5 @@ int session_on_event(struct session *ss, smtpe_server *s, const smtpe_event *ev)
     case SMTPE_EV_NONE:
         break;
     }
-    return smtpe_server_accept(s);
+    return smtpe_event_needs_reply(ev) ? smtpe_server_accept(s) : 0;
 }
