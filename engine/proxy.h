@@ -34,8 +34,11 @@ int smtpe__proxy_feed(smtpe__proxy *st, uint8_t *buf, size_t cap, const uint8_t 
  * family's text form (IPv4 dotted quad without leading zeros, IPv6 RFC 4291 §2.2 including
  * "::" and an embedded IPv4 tail), ports 0..65535 without leading zeros; or
  * "PROXY UNKNOWN...\r\n" (local). v2: version 2, command LOCAL (local) or PROXY, family/transport
- * from the fam octet (UNSPEC is local), the address block at least as long as the family needs,
- * and the TLVs after it exactly covering the rest. Returns 0, or -1 if malformed. */
+ * from the fam octet, the address block at least as long as the family needs, and the TLVs
+ * after it exactly covering the rest; for LOCAL whatever follows the fixed part is ignored, and
+ * for AF_UNSPEC (local) a rest that is not well-formed TLVs is ignored. Returns 0, or -1 if malformed. An INVALID reader must be restarted
+ * (smtpe__proxy_start) before it is fed again; on INVALID, *used counts the octet that made it
+ * so. */
 int smtpe__proxy_parse(const uint8_t *buf, size_t len, smtpe_proxy_info *out);
 
 #endif
