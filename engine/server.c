@@ -63,6 +63,7 @@ struct smtpe_server {
     uint64_t bdat_left;          /* octets of the current chunk still to come */
     uint64_t bdat_size;          /* the current chunk's size */
     int bdat_last;               /* the current chunk has LAST */
+    int bdat_first;              /* the current chunk is the transaction's first */
     int bdat_ending;             /* the chunk is complete; its end is due once the host has
                                     taken the last DATA_CHUNK */
     unsigned skip_code;          /* the reply owed for a swallowed chunk */
@@ -534,6 +535,8 @@ static int parse_by(smtpe_server *s, smtpe_span v)
         return 0;
     if (v.len == 2 && v.ptr[1] != 'T' && v.ptr[1] != 't')
         return 0;
+    if ((v.ptr[0] == 'R' || v.ptr[0] == 'r') && t <= 0)
+        return 0; /* "a negative or zero value is not allowed with a by-mode of R" */
     s->ev.mail.by_time = t;
     s->ev.mail.by_mode = (v.ptr[0] == 'R' || v.ptr[0] == 'r') ? 'R' : 'N';
     s->ev.mail.by_trace = v.len == 2;
@@ -589,9 +592,11 @@ static int mail_param(smtpe_server *s, unsigned ext, smtpe_param *pm)
     }
     if (span_is(k, "AUTH") && auth_offered(s) && s->helo == HELO_ESMTP) {
         s->ev.mail.has_auth = 1;
-        if (span_is(v, "<>"))
-            v.len = 0;
-        else if (v.len == 0 || xtext_value(&v) != 0)
+        if (span_is(v, "<>")) {
+            s->ev.mail.auth = (smtpe_span){v.ptr, 0}; /* params[] keeps "<>" */
+            return 1 << 3;
+        }
+        if (v.len == 0 || xtext_value(&v) != 0)
             return -1;
         s->ev.mail.auth = pm->value = v;
         return 1 << 3;
@@ -1072,6 +1077,7 @@ static void cmd_bdat(smtpe_server *s, smtpe_span arg)
     if (!s->bdat_started)
         smtpe__bdat_start(&s->data, s->cfg->line_ending, s->cfg->max_message_size,
                           s->binarymime);
+    s->bdat_first = !s->bdat_started;
     s->bdat_started = 1;
     s->bdat_size = size;
     s->bdat_last = last;
@@ -1281,7 +1287,7 @@ static void bdat_chunk_end(smtpe_server *s)
     s->mode = MODE_COMMAND;
     s->ev.bdat.size = s->bdat_size;
     s->ev.bdat.last = 0;
-    s->ev.bdat.first = 0;
+    s->ev.bdat.first = s->bdat_first;
     raise_event(s, SMTPE_EV_CHUNK_END);
 }
 

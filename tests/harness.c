@@ -533,9 +533,15 @@ int hs_format_event(hs_buf *out, const smtpe_event *ev, hs_buf *err)
     case SMTPE_EV_STARTTLS: hs_buf_adds(out, "STARTTLS"); return 0;
     case SMTPE_EV_AUTH: return format_auth(out, ev, err);
     case SMTPE_EV_BDAT:
+        hs_buf_addf(out, "BDAT %llu", (unsigned long long)ev->bdat.size);
+        if (ev->bdat.last)
+            hs_buf_adds(out, " last");
+        if (ev->bdat.first)
+            hs_buf_adds(out, " first");
+        return 0;
     case SMTPE_EV_CHUNK_END:
-        hs_buf_addf(out, "%s %llu", ev->type == SMTPE_EV_BDAT ? "BDAT" : "CHUNK_END",
-                    (unsigned long long)ev->bdat.size);
+        /* the chunk's size; "last" would be an engine error (a LAST chunk ends in DATA_END) */
+        hs_buf_addf(out, "CHUNK_END %llu", (unsigned long long)ev->bdat.size);
         if (ev->bdat.last)
             hs_buf_adds(out, " last");
         if (ev->bdat.first)
