@@ -320,7 +320,7 @@ typedef struct smtpe_event {
             int requiretls;       /* REQUIRETLS given (RFC 8689 §4.1; accepted only under TLS) */
             int mt_priority;      /* MT-PRIORITY= -9..9 (RFC 6710) when has_mt_priority */
             int has_mt_priority;
-            int64_t by_time;      /* BY= seconds (RFC 2852 §4), may be negative with mode R */
+            int64_t by_time;      /* BY= seconds (RFC 2852 §4); zero or negative only with N */
             char by_mode;         /* 'R' (return) or 'N' (notify); 0 when BY= is absent */
             int by_trace;         /* the T (trace) flag of BY= */
             size_t param_count;
