@@ -1237,7 +1237,9 @@ static void handle_line(smtpe_server *s)
  * recipient under LMTP (RFC 2033 §4.2). */
 static void data_end(smtpe_server *s, int chunked)
 {
-    unsigned replies = s->cfg->lmtp ? s->rcpts : 1;
+    /* LMTP answers the end of the content per recipient; a BDAT chunk without LAST that
+     * ends the message (refused content) still gets one reply, like any chunk (RFC 3030 §2) */
+    unsigned replies = s->cfg->lmtp && (!chunked || s->bdat_last) ? s->rcpts : 1;
     s->mode = MODE_COMMAND;
     memset(&s->ev.data_end, 0, sizeof s->ev.data_end);
     s->ev.data_end.size = s->data.size;
@@ -1633,7 +1635,7 @@ static int verdict(smtpe_server *s, unsigned code, const char *enhanced, const c
     }
     if (r != 0)
         return r;
-    if (type == SMTPE_EV_DATA_END && s->lmtp_left > 1 && !s->closing) {
+    if (type == SMTPE_EV_DATA_END && s->lmtp_left > 1 && !s->closing && code != 421) {
         s->lmtp_left--; /* LMTP: the next recipient's verdict is still owed */
         return 0;
     }

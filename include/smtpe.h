@@ -348,8 +348,10 @@ typedef struct smtpe_event {
             unsigned flags;
             int chunked;   /* the content came by BDAT (RFC 3030), not DATA */
             unsigned replies; /* verdicts the event takes: 1, or under LMTP one per accepted
-                                 recipient, in recipient order (RFC 2033 §4.2); with a status
-                                 other than OK the engine gave them all already */
+                                 recipient, in recipient order (RFC 2033 §4.2), a 421 among
+                                 them ending the series and the session; with a status other
+                                 than OK the engine gave them all already (one only when a
+                                 BDAT chunk without LAST ended the message) */
         } data_end;
         /* BDAT and CHUNK_END (RFC 3030 §2). */
         struct {

@@ -748,7 +748,9 @@ static void handle_event(hs_sess *s, const smtpe_event *ev)
             unsigned n = ev->type == SMTPE_EV_DATA_END && ev->data_end.replies > 1
                              ? ev->data_end.replies
                              : 1;
-            for (unsigned i = 0; i < n && !s->failed; i++) {
+            for (unsigned i = 0; i < n && !s->failed &&
+                             (smtpe_server_want(s->srv) & SMTPE_WANT_VERDICT);
+                 i++) {
                 int rc = smtpe_server_accept(s->srv);
                 if (rc != 0)
                     hs_sess_fail(s, "smtpe_server_accept returned %d (%s)", rc,
@@ -1391,8 +1393,8 @@ static int apply_verdict(hs_sess *s, const smtpe_event *ev, void *ud)
     unsigned n = ev->type == SMTPE_EV_DATA_END && ev->data_end.replies > 1
                      ? ev->data_end.replies
                      : 1;
-    for (unsigned i = 0; i < n; i++)
-        if (apply_one_verdict(r, s) < 0)
+    for (unsigned i = 0; i < n && (smtpe_server_want(s->srv) & SMTPE_WANT_VERDICT); i++)
+        if (apply_one_verdict(r, s) < 0) /* a 421 ends the series early */
             return -1;
     return 0;
 }
