@@ -1863,7 +1863,10 @@ int smtpe_server_handle_expiry(smtpe_server *s, uint64_t now_ms)
     }
     if (now_ms < due)
         return 0;
-    close_with(s, 421, "4.4.2", "Timeout exceeded"); /* RFC 5321 §4.5.3.2 */
+    if (s->mode == MODE_PROXY) /* no header yet: not an SMTP peer to answer, like PROXY_INVALID */
+        s->closing = 1;
+    else
+        close_with(s, 421, "4.4.2", "Timeout exceeded"); /* RFC 5321 §4.5.3.2 */
     raise_event(s, SMTPE_EV_TIMEOUT);
     return 1;
 }

@@ -183,8 +183,9 @@ typedef enum smtpe_event_type {
     SMTPE_EV_UNKNOWN,    /* A verb the engine does not know (ev.command). Needs a verdict;
                             default 500 5.5.1. */
     SMTPE_EV_QUIT,       /* QUIT; the engine answered 221 2.0.0 and wants to close. No verdict. */
-    SMTPE_EV_TIMEOUT,    /* A timeout expired; the engine queued 421 4.4.2 and wants to close.
-                            Any unfinished message is abandoned. No verdict. */
+    SMTPE_EV_TIMEOUT,    /* A timeout expired; the engine queued 421 4.4.2 (nothing while it
+                            still waits for a PROXY header) and wants to close. Any unfinished
+                            message is abandoned. No verdict. */
     SMTPE_EV_ERROR_LIMIT, /* max_errors exceeded; 421 4.7.0 queued, wants close. No verdict. */
     SMTPE_EV_STARTTLS,    /* STARTTLS (RFC 3207). Needs a verdict: accept (220 2.0.0, then
                              SMTPE_WANT_TLS: the host runs the handshake and calls
