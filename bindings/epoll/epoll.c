@@ -5,8 +5,10 @@
  * What it demonstrates: the sans-I/O engine driven purely by readiness. Nothing blocks on a
  * client: a session waiting for input costs a registered fd and its fixed memory, a client that
  * does not read its replies only loses its own EPOLLIN, and timers are a lazily kept minimum
- * over conn_expiry() (re-swept when it comes due). The one blocking step is the Maildir fsync at
- * the end of a message, which holds up the loop for the length of the fsync.
+ * over conn_expiry() (re-swept when it comes due). The blocking steps are the Maildir fsync at
+ * the end of a message, which holds up the loop for the length of the fsync, and with
+ * --auth-users the crypt(3) of each AUTH attempt (a few milliseconds by design, more with a
+ * costly hash); a TLS handshake's public-key operation is CPU time of the loop too.
  *
  * When to pick it: the default, and the baseline for the other models. It uses one core; with
  * many concurrent senders on a disk with slow fsync, or to use more cores, pick a model with

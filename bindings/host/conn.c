@@ -7,11 +7,21 @@
  * smtpe_server_send_buf / send(MSG_NOSIGNAL) / smtpe_server_send_ack, waiting for writability on
  * a partial write. Timers: the engine's expiry, plus the host's own limit on how long a client
  * that does not read may keep replies queued (the engine has no timer once it wants to close).
+ *
+ * STARTTLS (RFC 3207): once the engine wants TLS, the 220 is sent in clear, the octets already
+ * read are fed to the engine (which discards them: nothing sent before the handshake may count
+ * as a command, CVE-2011-0411), no more is read in clear, and the handshake runs as readiness
+ * allows, bounded by the command timeout. After it, every read and write goes through TLS. A
+ * TLS read may need the socket writable and a TLS write may need it readable; the pump then
+ * waits for that instead (never for the other, which would spin), and plaintext TLS has
+ * already decrypted (tls_pending) is read as soon as the input buffer has room, since the
+ * socket will not signal it.
  */
 #include "conn.h"
 
 #include <errno.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -20,16 +30,27 @@
 #include "log.h"
 #include "net.h"
 #include "session.h"
+#include "tls.h"
 
 #define CONN_INPUT_BUF 16384
 #define CONN_LINGER_MS 10000u       /* closing or client gone: time left to send the last reply */
 #define CONN_SEND_TIMEOUT_MS 300000u /* replies queued and not read, when no command timeout */
+
+enum conn_tls { CONN_TLS_NONE, CONN_TLS_HANDSHAKE, CONN_TLS_UP };
+
+#define IO_AGAIN (-1) /* sock_recv / sock_send: the socket is not ready */
+#define IO_ERROR (-2) /* the connection failed (logged) */
 
 struct conn {
     const struct host_ctx *ctx;
     int fd;
     int eof;              /* the client closed its side */
     smtpe_server *s;
+    struct tls_conn *tls; /* NULL until STARTTLS */
+    enum conn_tls tls_state;
+    uint64_t handshake_deadline;
+    unsigned read_needs;  /* CONN_WRITE: the last TLS read waits for writability, else 0 */
+    unsigned write_needs; /* CONN_READ: the last TLS write waits for readability, else 0 */
     uint64_t start_ms;
     uint64_t out_since;   /* when the output now queued started waiting; 0: none queued */
     uint64_t bytes_in, bytes_out;
@@ -50,14 +71,21 @@ struct conn *conn_new(const struct host_ctx *ctx, int fd, const struct sockaddr 
     c->ctx = ctx;
     c->fd = fd;
     c->eof = 0;
+    c->tls = NULL;
+    c->tls_state = CONN_TLS_NONE;
+    c->handshake_deadline = UINT64_MAX;
+    c->read_needs = c->write_needs = 0;
     c->start_ms = now_ms;
     c->out_since = 0;
     c->bytes_in = c->bytes_out = 0;
     c->in_off = c->in_len = 0;
     session_init(&c->ss, ctx, peer);
     rc = smtpe_server_init(&c->s, c->engine, ctx->session_mem, &ctx->cfg, now_ms);
+    if (rc == 0)
+        rc = session_start(&c->ss, c->s, peer);
     if (rc < 0) {
         host_log("error peer=%s engine: %s", c->ss.peer, smtpe_strerror(rc));
+        session_free(&c->ss);
         free(c);
         return NULL;
     }
@@ -84,6 +112,33 @@ static size_t pending_output(struct conn *c)
     return len;
 }
 
+/* One write, in clear or through TLS. Returns the octets written (> 0), IO_AGAIN or IO_ERROR. */
+static ssize_t sock_send(struct conn *c, const uint8_t *p, size_t len)
+{
+    ssize_t w;
+
+    if (c->tls_state == CONN_TLS_UP) {
+        w = tls_write(c->tls, p, len);
+        c->write_needs = w == TLS_WANT_READ ? CONN_READ : 0u;
+        if (w > 0)
+            return w;
+        if (w == TLS_WANT_READ || w == TLS_WANT_WRITE)
+            return IO_AGAIN;
+        host_log("error peer=%s tls: %s", c->ss.peer, tls_conn_error(c->tls));
+        return IO_ERROR;
+    }
+    for (;;) {
+        w = send(c->fd, p, len, MSG_NOSIGNAL);
+        if (w > 0)
+            return w;
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w == 0 || errno == EAGAIN || errno == EWOULDBLOCK)
+            return IO_AGAIN; /* 0: not for a stream socket; never spin on it */
+        return IO_ERROR;
+    }
+}
+
 /* Sends queued output until done or the socket is full. Returns octets sent, or -1. */
 static ssize_t flush(struct conn *c, uint64_t now_ms)
 {
@@ -94,15 +149,11 @@ static ssize_t flush(struct conn *c, uint64_t now_ms)
         ssize_t w;
         if (len == 0)
             break;
-        w = send(c->fd, out, len, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+        w = sock_send(c, out, len);
+        if (w == IO_AGAIN)
             break;
         if (w < 0)
             return -1;
-        if (w == 0)
-            break; /* not for a stream socket; never spin on it */
         (void)smtpe_server_send_ack(c->s, (size_t)w);
         total += (size_t)w;
         c->bytes_out += (uint64_t)w;
@@ -145,6 +196,19 @@ static int pump(struct conn *c, uint64_t now_ms)
     return 0;
 }
 
+/* The socket readiness that lets reading (input) and writing (output) go on: under TLS a read
+ * may wait for writability and a write for readability. */
+static unsigned readiness(const struct conn *c, int input, int output)
+{
+    unsigned bits = 0;
+
+    if (input)
+        bits |= c->read_needs ? c->read_needs : CONN_READ;
+    if (output)
+        bits |= c->write_needs ? c->write_needs : CONN_WRITE;
+    return bits;
+}
+
 /* What to wait for now. */
 static unsigned interest(struct conn *c)
 {
@@ -153,25 +217,98 @@ static unsigned interest(struct conn *c)
 
     if ((want & SMTPE_WANT_CLOSE) || c->eof) {
         if (out)
-            return CONN_WRITE;
+            return readiness(c, 0, 1);
         return fail(c, "eof"); /* quit, timeout, ... were recorded already */
     }
+    if (c->tls_state == CONN_TLS_NONE && (want & SMTPE_WANT_TLS))
+        return CONN_WRITE; /* the 220 before the handshake; nothing more is read in clear */
     if (c->in_len - c->in_off < sizeof c->in)
-        return CONN_READ | (out ? CONN_WRITE : 0u);
+        return readiness(c, 1, out);
     if (out)
-        return CONN_WRITE;
+        return readiness(c, 0, 1);
     /* A full buffer the engine will not take, and nothing to send: cannot happen while every
      * verdict is given at once, but never wait for nothing. */
     host_log("error peer=%s input stalled", c->ss.peer);
     return fail(c, "io-error");
 }
 
+static int read_some(struct conn *c);
+
+/* The engine has accepted STARTTLS and its 220 is out: discard what the client sent after the
+ * command (the engine has consumed it), and start the handshake. Returns 0, or -1 (logged). */
+static int begin_tls(struct conn *c, uint64_t now_ms)
+{
+    uint64_t limit = c->ctx->cfg.command_timeout_ms ? c->ctx->cfg.command_timeout_ms
+                                                    : CONN_SEND_TIMEOUT_MS;
+    smtpe_server_stats st;
+
+    if (c->in_off < c->in_len) { /* the engine always takes them; never hand them to TLS */
+        host_log("error peer=%s starttls: %zu octets left unread, dropped", c->ss.peer,
+                 c->in_len - c->in_off);
+        c->in_off = c->in_len = 0;
+    }
+    smtpe_server_get_stats(c->s, &st);
+    if (st.discarded_octets > 0)
+        host_log("warning peer=%s starttls_discarded=%llu (sent after STARTTLS, before TLS)",
+                 c->ss.peer, (unsigned long long)st.discarded_octets);
+    if (c->eof)
+        return -1;
+    c->tls = tls_conn_new(c->ctx->tls, c->fd);
+    if (c->tls == NULL) {
+        host_log("error peer=%s tls handshake failed: out of memory", c->ss.peer);
+        return -1;
+    }
+    c->tls_state = CONN_TLS_HANDSHAKE;
+    c->handshake_deadline = now_ms + limit;
+    return 0;
+}
+
+/* Runs the handshake as far as the socket allows. Returns 0 once TLS is up (the engine told),
+ * or what to wait for (CONN_READ, CONN_WRITE, CONN_CLOSE). */
+static unsigned handshake(struct conn *c, uint64_t now_ms)
+{
+    char version[32], cipher[64];
+    int bits, alg_bits, rc = tls_handshake(c->tls);
+
+    if (rc == TLS_WANT_READ)
+        return CONN_READ;
+    if (rc == TLS_WANT_WRITE)
+        return CONN_WRITE;
+    if (rc != 0) {
+        host_log("error peer=%s tls handshake failed: %s", c->ss.peer, tls_conn_error(c->tls));
+        return fail(c, "tls-error");
+    }
+    c->tls_state = CONN_TLS_UP;
+    c->handshake_deadline = UINT64_MAX;
+    tls_conn_info(c->tls, version, sizeof version, cipher, sizeof cipher, &bits, &alg_bits);
+    session_tls_up(&c->ss, version, cipher, bits, alg_bits);
+    rc = smtpe_server_tls_started(c->s, now_ms);
+    if (rc < 0) {
+        host_log("error peer=%s engine: %s", c->ss.peer, smtpe_strerror(rc));
+        return fail(c, "io-error");
+    }
+    return 0;
+}
+
+/* Whether the pump should take plaintext TLS holds: the socket will not signal it. */
+static int tls_input_waiting(const struct conn *c)
+{
+    return c->tls_state == CONN_TLS_UP && !c->eof && c->in_len - c->in_off < sizeof c->in &&
+           tls_pending(c->tls);
+}
+
 /* Runs the engine and sends output until neither makes progress. */
 static unsigned progress(struct conn *c, uint64_t now_ms)
 {
     for (;;) {
-        int rc = pump(c, now_ms);
+        int rc;
         ssize_t sent;
+        if (c->tls_state == CONN_TLS_HANDSHAKE) {
+            unsigned bits = handshake(c, now_ms);
+            if (bits != 0)
+                return bits;
+        }
+        rc = pump(c, now_ms);
         if (rc < 0) {
             host_log("error peer=%s engine: %s", c->ss.peer, smtpe_strerror(rc));
             return fail(c, "io-error");
@@ -185,8 +322,22 @@ static unsigned progress(struct conn *c, uint64_t now_ms)
         sent = flush(c, now_ms);
         if (sent < 0)
             return fail(c, "io-error");
-        if (sent == 0)
-            return interest(c);
+        if (sent > 0)
+            continue;
+        if (c->tls_state == CONN_TLS_NONE && (smtpe_server_want(c->s) & SMTPE_WANT_TLS) &&
+            pending_output(c) == 0) {
+            if (begin_tls(c, now_ms) < 0)
+                return fail(c, c->eof ? "eof" : "tls-error");
+            continue;
+        }
+        if (tls_input_waiting(c)) {
+            size_t before = c->in_len - c->in_off;
+            if (read_some(c) < 0)
+                return fail(c, "io-error");
+            if (c->in_len - c->in_off > before || c->eof)
+                continue;
+        }
+        return interest(c);
     }
 }
 
@@ -195,31 +346,56 @@ unsigned conn_start(struct conn *c, uint64_t now_ms)
     return progress(c, now_ms);
 }
 
-/* One read into the free end of the input buffer. Returns 0, or -1 on a socket error. */
+/* One read, in clear or through TLS. Returns the octets read (> 0), 0 at the end of the
+ * stream, IO_AGAIN or IO_ERROR. */
+static ssize_t sock_recv(struct conn *c, uint8_t *p, size_t len)
+{
+    ssize_t r;
+
+    if (c->tls_state == CONN_TLS_UP) {
+        r = tls_read(c->tls, p, len);
+        c->read_needs = r == TLS_WANT_WRITE ? CONN_WRITE : 0u;
+        if (r > 0)
+            return r;
+        if (r == TLS_WANT_READ || r == TLS_WANT_WRITE)
+            return IO_AGAIN;
+        if (r == TLS_CLOSED)
+            return 0;
+        host_log("error peer=%s tls: %s", c->ss.peer, tls_conn_error(c->tls));
+        return IO_ERROR;
+    }
+    for (;;) {
+        r = recv(c->fd, p, len, 0);
+        if (r >= 0)
+            return r;
+        if (errno == EINTR)
+            continue;
+        return errno == EAGAIN || errno == EWOULDBLOCK ? IO_AGAIN : IO_ERROR;
+    }
+}
+
+/* One read into the free end of the input buffer. Nothing is read while a STARTTLS handshake
+ * is due or running (those octets are TLS's). Returns 0, or -1 on a socket error. */
 static int read_some(struct conn *c)
 {
+    ssize_t r;
+
     if (c->in_off > 0) {
         memmove(c->in, c->in + c->in_off, c->in_len - c->in_off);
         c->in_len -= c->in_off;
         c->in_off = 0;
     }
-    if (c->eof || c->in_len == sizeof c->in)
+    if (c->eof || c->in_len == sizeof c->in || c->tls_state == CONN_TLS_HANDSHAKE ||
+        (c->tls_state == CONN_TLS_NONE && (smtpe_server_want(c->s) & SMTPE_WANT_TLS)))
         return 0;
-    for (;;) {
-        ssize_t r = recv(c->fd, c->in + c->in_len, sizeof c->in - c->in_len, 0);
-        if (r > 0) {
-            c->in_len += (size_t)r;
-            c->bytes_in += (uint64_t)r;
-            return 0;
-        }
-        if (r == 0) {
-            c->eof = 1;
-            return 0;
-        }
-        if (errno == EINTR)
-            continue;
-        return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
+    r = sock_recv(c, c->in + c->in_len, sizeof c->in - c->in_len);
+    if (r > 0) {
+        c->in_len += (size_t)r;
+        c->bytes_in += (uint64_t)r;
+    } else if (r == 0) {
+        c->eof = 1;
     }
+    return r == IO_ERROR ? -1 : 0;
 }
 
 unsigned conn_on_readable(struct conn *c, uint64_t now_ms)
@@ -231,6 +407,8 @@ unsigned conn_on_readable(struct conn *c, uint64_t now_ms)
 
 unsigned conn_on_writable(struct conn *c, uint64_t now_ms)
 {
+    if (c->read_needs == CONN_WRITE && read_some(c) < 0) /* a TLS read waited for this */
+        return fail(c, "io-error");
     return progress(c, now_ms);
 }
 
@@ -251,11 +429,17 @@ uint64_t conn_expiry(const struct conn *c)
 {
     uint64_t e = smtpe_server_expiry(c->s), o = output_deadline(c);
 
-    return e < o ? e : o;
+    if (e > o)
+        e = o;
+    return e < c->handshake_deadline ? e : c->handshake_deadline;
 }
 
 unsigned conn_on_timer(struct conn *c, uint64_t now_ms)
 {
+    if (c->handshake_deadline <= now_ms) {
+        host_log("error peer=%s tls handshake failed: timeout", c->ss.peer);
+        return fail(c, "timeout");
+    }
     if (output_deadline(c) <= now_ms)
         return fail(c, "timeout");
     if (smtpe_server_expiry(c->s) <= now_ms)
@@ -268,25 +452,54 @@ void conn_shutdown(struct conn *c, uint64_t now_ms)
     session_set_end(&c->ss, "shutdown");
     session_abort(&c->ss);
     (void)smtpe_server_close(c->s, 421, "4.3.2", c->ctx->shutdown_text);
-    (void)flush(c, now_ms);
+    if (c->tls_state != CONN_TLS_HANDSHAKE) /* no clear text in the middle of a handshake */
+        (void)flush(c, now_ms);
+}
+
+/* The optional fields of the disconnect line: " via=... tls=... auth=... auth_failed=N
+ * starttls_discarded=N", each only when it applies. */
+static void disconnect_extras(const struct conn *c, const smtpe_server_stats *st, char *out,
+                              size_t cap)
+{
+    const struct session *ss = &c->ss;
+    char user[3 * AUTH_USER_MAX + 1];
+    size_t n = 0;
+
+    out[0] = '\0';
+    if (ss->via[0] && n < cap)
+        n += (size_t)snprintf(out + n, cap - n, " via=%s", ss->via);
+    if (ss->tls && n < cap)
+        n += (size_t)snprintf(out + n, cap - n, " tls=%s/%s", ss->tls_version, ss->tls_cipher);
+    if (session_auth_name(ss)[0] && n < cap)
+        n += (size_t)snprintf(out + n, cap - n, " auth=%s",
+                              host_log_token(user, sizeof user, session_auth_name(ss),
+                                             strlen(session_auth_name(ss))));
+    if (ss->auth_failures && n < cap)
+        n += (size_t)snprintf(out + n, cap - n, " auth_failed=%u", ss->auth_failures);
+    if (st->discarded_octets && n < cap)
+        (void)snprintf(out + n, cap - n, " starttls_discarded=%llu",
+                       (unsigned long long)st->discarded_octets);
 }
 
 void conn_free(struct conn *c)
 {
     smtpe_server_stats st;
     const struct session *ss = &c->ss;
-    char helo[3 * 64 + 1];
+    char helo[3 * 64 + 1], extras[3 * AUTH_USER_MAX + 2 * NET_HOSTPORT_MAX + 256];
 
-    session_abort(&c->ss);
     smtpe_server_get_stats(c->s, &st);
+    disconnect_extras(c, &st, extras, sizeof extras);
     host_log("disconnect peer=%s helo=%s mail=%u rcpt=%u data=%u delivered=%u errors=%u "
-             "in=%llu out=%llu ms=%llu end=%s",
+             "in=%llu out=%llu ms=%llu end=%s%s",
              ss->peer, ss->helo[0] ? host_log_token(helo, sizeof helo, ss->helo,
                                                     strlen(ss->helo))
                                    : "-",
              ss->mails, ss->rcpts, ss->datas, ss->delivered, st.errors,
              (unsigned long long)c->bytes_in, (unsigned long long)c->bytes_out,
-             (unsigned long long)(host_now_ms() - c->start_ms), ss->end ? ss->end : "eof");
+             (unsigned long long)(host_now_ms() - c->start_ms), ss->end ? ss->end : "eof",
+             extras);
+    session_free(&c->ss);
+    tls_conn_free(c->tls); /* a close_notify if the socket takes it at once */
     if (close(c->fd) < 0 && errno != EINTR)
         host_log("error peer=%s close: %s", ss->peer, strerror(errno));
     free(c);

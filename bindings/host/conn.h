@@ -7,7 +7,12 @@
  * (what to wait for next), or CONN_CLOSE (call conn_free). conn_expiry says when to call
  * conn_on_timer. Memory per connection is fixed: the struct, a 16 KiB input buffer and the
  * engine's smtpe_server_memory_size() octets, plus a 64 KiB write buffer while a message is
- * being stored.
+ * being stored, OpenSSL's state once STARTTLS has run (its record buffers are released while
+ * the session is idle), and under LMTP the transaction's accepted recipients (at most
+ * max_recipients names, kept for the per-recipient replies).
+ *
+ * Under STARTTLS the pump runs the handshake itself (bounded by the command timeout) and then
+ * reads and writes through TLS; the model only sees CONN_READ / CONN_WRITE as before.
  */
 #ifndef SMTPE_HOST_CONN_H
 #define SMTPE_HOST_CONN_H

@@ -60,6 +60,11 @@ int session_start(struct session *ss, smtpe_server *s, const struct sockaddr *pe
     return 0;
 }
 
+const char *session_auth_name(const struct session *ss)
+{
+    return ss->auth_user[0] ? ss->auth_user : ss->xclient_login;
+}
+
 void session_set_end(struct session *ss, const char *reason)
 {
     if (ss->end == NULL)
@@ -190,7 +195,7 @@ static void protocol_name(const struct session *ss, char *out, size_t cap)
         return;
     }
     snprintf(out, cap, "%s%s%s", base, !plain && ss->tls ? "S" : "",
-             !plain && ss->auth_user[0] ? "A" : "");
+             !plain && session_auth_name(ss)[0] ? "A" : "");
 }
 
 /* "(name [ip])", "([ip])", "(name)", "(unix socket)" or "(unknown)": the TCP-info of the
@@ -491,15 +496,24 @@ static int on_auth(struct session *ss, smtpe_server *s, const smtpe_event *ev)
     return smtpe_server_accept(s);
 }
 
-/* Makes the address (network order) the client's, the one who spoke for it becoming via. */
+/* Adds the current client to the via chain: the hops that spoke for the real client (the
+ * balancer that sent PROXY, the proxy that sent XCLIENT). */
+static void add_via(struct session *ss)
+{
+    size_t n = strlen(ss->via);
+
+    if (n + 1 + strlen(ss->peer) < sizeof ss->via)
+        snprintf(ss->via + n, sizeof ss->via - n, "%s%s", n ? "," : "", ss->peer);
+}
+
+/* Makes the address (network order) the client's. */
 static void set_client(struct session *ss, int family, const uint8_t *addr, unsigned port)
 {
-    if (ss->via[0] == '\0')
-        snprintf(ss->via, sizeof ss->via, "%s", ss->peer);
+    static const uint8_t v4mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF};
+
     ss->peer_unix = 0;
-    ss->peer_v6 = 0;
     ss->peer_port = port;
-    if (family == AF_INET6 && IN6_IS_ADDR_V4MAPPED((const struct in6_addr *)addr)) {
+    if (family == AF_INET6 && memcmp(addr, v4mapped, sizeof v4mapped) == 0) {
         family = AF_INET;
         addr += 12;
     }
@@ -519,6 +533,7 @@ static int on_proxy(struct session *ss, smtpe_server *s, const smtpe_event *ev)
 
     if (!p->local && (p->family == SMTPE_PROXY_AF_INET || p->family == SMTPE_PROXY_AF_INET6)) {
         int rc;
+        add_via(ss);
         set_client(ss, family, p->src_addr, p->src_port);
         if (o->xclient_count > 0 &&
             (rc = smtpe_server_set_trusted(
@@ -649,12 +664,13 @@ static int on_xclient(struct session *ss, smtpe_server *s, const smtpe_event *ev
     ss->helo[0] = '\0';
     ss->esmtp = 0;
     ss->auth_user[0] = '\0';
+    if (!ss->xclient_seen) /* later XCLIENTs come from the same proxy */
+        add_via(ss);
+    ss->xclient_seen = 1;
     if (x.has_addr) {
         if (x.addr_family != 0) {
             set_client(ss, x.addr_family, x.addr, 0);
         } else {
-            if (ss->via[0] == '\0')
-                snprintf(ss->via, sizeof ss->via, "%s", ss->peer);
             ss->peer_ip[0] = '\0';
             ss->peer_unix = 0;
         }
@@ -666,7 +682,7 @@ static int on_xclient(struct session *ss, smtpe_server *s, const smtpe_event *ev
     if (x.has_helo)
         memcpy(ss->helo, x.helo, sizeof x.helo);
     if (x.has_login)
-        memcpy(ss->auth_user, x.login, sizeof x.login);
+        memcpy(ss->xclient_login, x.login, sizeof x.login);
     if (x.has_proto)
         ss->esmtp = x.esmtp;
     set_peer_text(ss);

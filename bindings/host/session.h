@@ -39,7 +39,10 @@ struct session {
     unsigned peer_port;
     char peer_name[HOST_NAME_MAX_LEN + 1]; /* XCLIENT NAME (reverse DNS), "" if none */
     char peer[NET_HOSTPORT_MAX];     /* "ip:port", "[ip6]:port", "unix" for the log */
-    char via[NET_HOSTPORT_MAX];      /* the balancer or proxy that spoke for it, "" if none */
+    /* The hops that spoke for the client, comma-separated: the balancer that sent PROXY, the
+     * proxy that sent XCLIENT; "" if none. */
+    char via[2 * NET_HOSTPORT_MAX];
+    int xclient_seen;                /* an XCLIENT was accepted */
     char helo[SESSION_NAME_MAX + 1]; /* HELO/EHLO/LHLO argument, "" before the first */
     int esmtp;                       /* the last greeting was EHLO or LHLO */
     char mail[SESSION_NAME_MAX + 1]; /* reverse-path mailbox of the transaction ("" for <>) */
@@ -58,7 +61,8 @@ struct session {
     char tls_version[32];            /* "TLSv1.3" */
     char tls_cipher[64];             /* "TLS_AES_256_GCM_SHA384" */
     int tls_bits, tls_alg_bits;
-    char auth_user[AUTH_USER_MAX + 1]; /* authenticated user (AUTH or XCLIENT LOGIN), or "" */
+    char auth_user[AUTH_USER_MAX + 1]; /* user authenticated by AUTH, or "" */
+    char xclient_login[AUTH_USER_MAX + 1]; /* XCLIENT LOGIN: the user the proxy authenticated */
     unsigned auth_failures;
     struct session_xforward xf;
     unsigned mails, rcpts, datas, delivered; /* whole-session counters for the log */
@@ -81,6 +85,9 @@ int session_on_event(struct session *ss, smtpe_server *s, const smtpe_event *ev)
  * Received header and the log, and forgets HELO, AUTH and XFORWARD as the engine did. */
 void session_tls_up(struct session *ss, const char *version, const char *cipher, int bits,
                     int alg_bits);
+
+/* The user the client authenticated as (by AUTH, else XCLIENT LOGIN), "" if none. */
+const char *session_auth_name(const struct session *ss);
 
 /* Records why the session ended; the first reason given wins. */
 void session_set_end(struct session *ss, const char *reason);
