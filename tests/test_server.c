@@ -1260,6 +1260,9 @@ typedef struct run_result {
 static int feed_range(hs_sess *s, const uint8_t *in, size_t a, size_t b, hs_splitter *sp,
                       const size_t *cut)
 {
+    static const uint8_t none[1];
+    if (!in) /* a transcript without client octets */
+        in = none;
     if (sp)
         return hs_sess_feed(s, in + a, b - a, sp) == b - a ? 0 : -1;
     hs_splitter whole;
