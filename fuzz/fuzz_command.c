@@ -27,8 +27,12 @@ typedef struct line_rec {
     size_t lines;
 } line_rec;
 
-static const char *verb_names[] = {NULL,   "HELO", "EHLO", "MAIL", "RCPT", "DATA",
-                                   "RSET", "NOOP", "QUIT", "VRFY", "EXPN", "HELP"};
+/* indexed by smtpe__verb */
+static const char *verb_names[] = {NULL,   "HELO", "EHLO", "MAIL", "RCPT", "DATA",     "RSET",
+                                   "NOOP", "QUIT", "VRFY", "EXPN", "HELP", "STARTTLS", "AUTH",
+                                   "BDAT", "LHLO", "XCLIENT", "XFORWARD"};
+#define LAST_VERB SMTPE__VERB_XFORWARD
+_Static_assert(sizeof verb_names / sizeof verb_names[0] == LAST_VERB + 1, "one name per verb");
 
 /* Reference: an unsigned decimal of 1..20 digits that fits in 64 bits. */
 static int ref_u64(smtpe_span s, uint64_t *v)
@@ -81,7 +85,7 @@ static void check_line(const uint8_t *line, size_t n, size_t max)
     memset(&verb, 0xA5, sizeof verb);
     memset(&arg, 0xA5, sizeof arg);
     smtpe__verb v = smtpe__command_split(line, n, &verb, &arg);
-    FUZZ_CHECK(v >= SMTPE__VERB_UNKNOWN && v <= SMTPE__VERB_HELP, "command_split: bad verb");
+    FUZZ_CHECK(v >= SMTPE__VERB_UNKNOWN && v <= LAST_VERB, "command_split: bad verb");
     FUZZ_CHECK(fz_within(verb, line, n) && fz_within(arg, line, n), "verb/argument outside line");
     size_t sp = 0;
     while (sp < n && line[sp] != ' ')
@@ -90,7 +94,7 @@ static void check_line(const uint8_t *line, size_t n, size_t max)
                "the verb is not the octets up to the first SP");
     if (arg.len)
         FUZZ_CHECK(arg.ptr >= line + sp, "argument overlaps the verb");
-    for (int i = 1; i <= SMTPE__VERB_HELP; i++)
+    for (int i = 1; i <= LAST_VERB; i++)
         if (fz_span_eq_ci(verb, verb_names[i]))
             FUZZ_CHECK((int)v == i, "verb code does not match the verb");
     if (v != SMTPE__VERB_UNKNOWN)
