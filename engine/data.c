@@ -284,6 +284,7 @@ size_t smtpe__bdat_feed(smtpe__data *d, const uint8_t *p, size_t n, smtpe_span *
 {
     int norm = d->policy == SMTPE_LINE_ENDING_NORMALISE;
     uint8_t high = 0;
+    uint64_t wide = 0;
     size_t i = 0;
     out_span(chunk, p, 0);
     if (n == 0)
@@ -313,7 +314,27 @@ size_t smtpe__bdat_feed(smtpe__data *d, const uint8_t *p, size_t n, smtpe_span *
         i = 1; /* its LF is content */
     }
     while (i < n) {
-        uint8_t c = p[i];
+        uint8_t c;
+        while (n - i >= 8) { /* eight octets at a time while none is CR, LF or NUL */
+            uint64_t v;
+            uint64_t m;
+            memcpy(&v, p + i, 8);
+            m = zero_octets(v) | zero_octets(v ^ (ONES * '\r')) | zero_octets(v ^ (ONES * '\n'));
+            if (m) {
+#if defined(__GNUC__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+                unsigned k = (unsigned)__builtin_ctzll(m) / 8; /* plain octets before it */
+                if (k > 0)
+                    wide |= v & ((1ull << (8 * k)) - 1);
+                i += k;
+#endif
+                break;
+            }
+            wide |= v;
+            i += 8;
+        }
+        if (i == n)
+            break;
+        c = p[i];
         if (c != '\r' && c != '\n' && c != 0) {
             high |= c;
             i++;
@@ -323,7 +344,7 @@ size_t smtpe__bdat_feed(smtpe__data *d, const uint8_t *p, size_t n, smtpe_span *
             break;
         }
     }
-    if (high & 0x80)
+    if ((high & 0x80) || (wide & HIGHS))
         d->flags |= SMTPE_DATA_HAS_8BIT;
     if (i > 0) {
         out_span(chunk, p, account(d, i));
