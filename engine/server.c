@@ -204,6 +204,8 @@ static size_t out_space(const smtpe_server *s)
     return used >= s->out_cap ? 0 : s->out_cap - used;
 }
 
+static int input_room_ok(const smtpe_server *s);
+
 static void out_compact(smtpe_server *s)
 {
     if (s->out_off == 0)
@@ -253,12 +255,16 @@ static void raise_event(smtpe_server *s, smtpe_event_type type)
         s->verdict = type;
 }
 
+static void auth_end(smtpe_server *s);
+
 /* Queues the final reply "code enhanced <hostname> phrase" and starts closing. */
 static void close_with(smtpe_server *s, unsigned code, const char *enhanced, const char *phrase)
 {
     char buf[HOST_TEXT_MAX];
     (void)out_reply(s, code, enhanced, buf, host_text(s, buf, phrase), 1);
     s->closing = 1;
+    if (s->auth != AUTH_NONE)
+        auth_end(s); /* a closing session keeps no credentials */
 }
 
 static int is_error_code(unsigned code)
@@ -276,6 +282,16 @@ static int reply(smtpe_server *s, unsigned code, const char *enhanced, const cha
         return 0;
     }
     return out_reply(s, code, enhanced, text, strlen(text), 0);
+}
+
+/* Whether there is reply room to consume more input: one reply's worth, and under LMTP, while
+ * content streams, one line per recipient for the replies its end will take (RFC 2033 §4.2). */
+static int input_room_ok(const smtpe_server *s)
+{
+    size_t need = s->reserve;
+    if (s->cfg->lmtp && (s->mode == MODE_DATA || s->mode == MODE_BDAT))
+        need += (size_t)s->rcpts * LMTP_REPLY_ROOM;
+    return out_space(s) >= need;
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -388,9 +404,11 @@ static void auth_end(smtpe_server *s)
 /* The greeting: 220 <hostname> <text> (RFC 5321 §4.2, §3.1). */
 static int greeting(smtpe_server *s, const char *text)
 {
-    char buf[512];
+    char buf[256 + 1 + SMTPE__REPLY_TOTAL_MAX + 1]; /* hostname, SP, host text, NUL */
     int n = snprintf(buf, sizeof buf, "%s %s", s->cfg->hostname, text);
-    return out_reply(s, 220, NULL, buf, n < 0 ? 0 : (size_t)n >= sizeof buf ? sizeof buf - 1 : (size_t)n, 0);
+    if (n < 0 || (size_t)n >= sizeof buf)
+        return SMTPE_ERR_REPLY_TOO_LONG;
+    return out_reply(s, 220, NULL, buf, (size_t)n, 0);
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -1365,7 +1383,7 @@ ssize_t smtpe_server_recv(smtpe_server *s, const uint8_t *buf, size_t len, uint6
         return (ssize_t)len;
     }
     while (used < len && !s->closing && !s->event_ready && s->verdict == SMTPE_EV_NONE &&
-           out_space(s) >= s->reserve) {
+           input_room_ok(s)) {
         if (s->mode == MODE_DATA) {
             used += recv_data(s, buf + used, len - used);
             progress = 1;
@@ -1635,6 +1653,8 @@ static int verdict(smtpe_server *s, unsigned code, const char *enhanced, const c
     }
     if (r != 0)
         return r;
+    if (type == SMTPE_EV_AUTH)
+        auth_end(s); /* wipe now, even when the reply closed the session (error limit) */
     if (type == SMTPE_EV_DATA_END && s->lmtp_left > 1 && !s->closing && code != 421) {
         s->lmtp_left--; /* LMTP: the next recipient's verdict is still owed */
         return 0;
@@ -1830,7 +1850,7 @@ unsigned smtpe_server_want(const smtpe_server *s)
         return w | SMTPE_WANT_TLS;
     if (s->verdict != SMTPE_EV_NONE)
         w |= SMTPE_WANT_VERDICT;
-    else if (!s->event_ready && out_space(s) >= s->reserve)
+    else if (!s->event_ready && input_room_ok(s))
         w |= SMTPE_WANT_READ;
     return w;
 }

@@ -52,6 +52,14 @@ static void xs_drain(xs *x)
     assert_int_equal(smtpe_server_send_ack(x->s, n), 0);
 }
 
+/* Sends all queued output without keeping it. */
+static void xs_discard(xs *x)
+{
+    size_t n;
+    smtpe_server_send_buf(x->s, &n);
+    assert_int_equal(smtpe_server_send_ack(x->s, n), 0);
+}
+
 /* Feeds text until it is consumed, accepting every verdict, and returns the output it caused
  * (valid until the next call). Events other than those needing a verdict are dropped. */
 static const char *xs_talk(xs *x, const char *text)
@@ -468,6 +476,121 @@ static void test_bdat_end_without_more_input(void **state)
     free(x);
 }
 
+
+static void test_auth_wiped_when_refusal_closes(void **state)
+{
+    (void)state;
+    xs *x = xs_new(with_auth);
+    smtpe_event ev;
+    x->cfg.max_errors = 1;
+    xs_talk(x, "EHLO c\r\nAUTH X\r\n"); /* 504: the first error */
+    ev = xs_event(x, "AUTH PLAIN AGFsaWNlAHNlY3JldC1wYXNzd29yZA==\r\n");
+    assert_int_equal(ev.type, SMTPE_EV_AUTH);
+    /* the 535 is the error past the limit: the session closes with 421 */
+    assert_int_equal(smtpe_server_reply(x->s, 535, "5.7.8", "Authentication credentials invalid"), 0);
+    assert_true(smtpe_server_want(x->s) & SMTPE_WANT_CLOSE);
+    assert_false(contains(x->mem, sizeof x->mem, "secret-password"));
+    assert_false(contains(x->mem, sizeof x->mem, "alice"));
+    free(x);
+}
+
+static void test_auth_wiped_on_timeout(void **state)
+{
+    (void)state;
+    xs *x = xs_new(with_auth);
+    xs_talk(x, "EHLO c\r\nAUTH LOGIN\r\nYWxpY2UtdGhlLXVzZXI=\r\n"); /* alice-the-user */
+    assert_true(contains(x->mem, sizeof x->mem, "alice-the-user"));
+    assert_int_equal(smtpe_server_handle_expiry(x->s, 0), 0); /* restart the timer at 0 */
+    assert_int_equal(smtpe_server_handle_expiry(x->s, 300000), 1);
+    assert_false(contains(x->mem, sizeof x->mem, "alice-the-user"));
+    free(x);
+}
+
+static void with_lmtp_small(smtpe_server_config *c)
+{
+    c->lmtp = 1;
+    c->reply_buffer_size = 2048;
+}
+
+/* A host that sends nothing while 100 recipients get long replies: the engine must not read the
+ * end of the content until there is room for 100 more reply lines, so that every per-recipient
+ * verdict fits once the host sends what is queued. */
+static void test_lmtp_room_kept_for_verdicts(void **state)
+{
+    (void)state;
+    xs *x = xs_new(with_lmtp_small);
+    char text[401], line[64];
+    smtpe_event ev;
+    const char *dot = ".\r\n";
+    size_t got = 0;
+    memset(text, 'y', 400);
+    text[400] = 0;
+    assert_int_equal(smtpe_server_recv(x->s, (const uint8_t *)"LHLO c\r\n", 8, 0), 8);
+    assert_int_equal(smtpe_server_next_event(x->s, &ev), 1);
+    assert_int_equal(smtpe_server_accept(x->s), 0);
+    xs_discard(x);
+    assert_int_equal(smtpe_server_recv(x->s, (const uint8_t *)"MAIL FROM:<a@b.example>\r\n", 25, 0), 25);
+    assert_int_equal(smtpe_server_next_event(x->s, &ev), 1);
+    assert_int_equal(smtpe_server_accept(x->s), 0);
+    for (unsigned i = 0; i < 100; i++) {
+        int n = snprintf(line, sizeof line, "RCPT TO:<r%u@b.example>\r\n", i);
+        size_t off = 0;
+        while (off < (size_t)n) {
+            ssize_t r = smtpe_server_recv(x->s, (const uint8_t *)line + off, (size_t)n - off, 0);
+            off += (size_t)r;
+            if (smtpe_server_next_event(x->s, &ev)) {
+                assert_int_equal(smtpe_server_reply(x->s, 250, "2.1.5", text), 0);
+            } else if (r == 0) {
+                xs_discard(x); /* the engine waits for the host to send */
+            }
+        }
+    }
+    assert_int_equal(smtpe_server_recv(x->s, (const uint8_t *)"DATA\r\n", 6, 0), 6);
+    assert_int_equal(smtpe_server_next_event(x->s, &ev), 1);
+    assert_int_equal(smtpe_server_accept(x->s), 0);
+    /* unsent replies fill the buffer: the end of the content waits for room */
+    while (got < 3) {
+        ssize_t r = smtpe_server_recv(x->s, (const uint8_t *)dot + got, 3 - got, 0);
+        assert_true(r >= 0);
+        got += (size_t)r;
+        if (smtpe_server_next_event(x->s, &ev))
+            break;
+        if (r == 0) {
+            assert_false(smtpe_server_want(x->s) & SMTPE_WANT_READ);
+            xs_discard(x);
+        }
+    }
+    assert_int_equal(ev.type, SMTPE_EV_DATA_END);
+    assert_int_equal(ev.data_end.replies, 100);
+    for (unsigned i = 0; i < 100; i++)
+        assert_int_equal(smtpe_server_reply(x->s, 250, "2.0.0", text), 0);
+    free(x);
+}
+
+static void test_xclient_long_greeting(void **state)
+{
+    (void)state;
+    xs *x = xs_new(with_xclient);
+    char text[900];
+    smtpe_event ev;
+    memset(text, 'g', sizeof text - 1);
+    text[sizeof text - 1] = 0;
+    text[300] = text[600] = '\n';
+    smtpe_server_set_trusted(x->s, 1);
+    xs_talk(x, "EHLO c\r\n");
+    xs_drain(x);
+    ev = xs_event(x, "XCLIENT ADDR=192.0.2.9\r\n");
+    assert_int_equal(ev.type, SMTPE_EV_XCLIENT);
+    assert_int_equal(smtpe_server_reply(x->s, 220, NULL, text), 0);
+    {
+        size_t before = x->out_len;
+        xs_drain(x);
+        /* three lines, none cut: "220-mx.example " + 300, "220-" + 299, "220 " + 298 */
+        assert_int_equal(x->out_len - before, 15 + 300 + 2 + 4 + 299 + 2 + 4 + 298 + 2);
+    }
+    free(x);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -477,6 +600,10 @@ int main(void)
         cmocka_unit_test(test_auth_challenge),
         cmocka_unit_test(test_auth_credentials_wiped),
         cmocka_unit_test(test_auth_failures_count_as_errors),
+        cmocka_unit_test(test_auth_wiped_when_refusal_closes),
+        cmocka_unit_test(test_auth_wiped_on_timeout),
+        cmocka_unit_test(test_lmtp_room_kept_for_verdicts),
+        cmocka_unit_test(test_xclient_long_greeting),
         cmocka_unit_test(test_config_auth_mechanisms),
         cmocka_unit_test(test_memory_formula),
         cmocka_unit_test(test_lmtp_verdicts),
