@@ -60,10 +60,10 @@ static int v2_fixed_check(const uint8_t *h)
     unsigned ver = h[12] >> 4, cmd = h[12] & 0x0f, family = h[13] >> 4, transport = h[13] & 0x0f;
     if (ver != 2 || (cmd != V2_CMD_LOCAL && cmd != V2_CMD_PROXY))
         return -1;
+    if (cmd == V2_CMD_LOCAL) /* the block "including the family" is ignored (§2.2) */
+        return 0;
     if (family > SMTPE_PROXY_AF_UNIX || transport > SMTPE_PROXY_TRANSPORT_DGRAM)
         return -1;
-    if (cmd == V2_CMD_LOCAL)
-        return 0; /* the address block is ignored, whatever it holds */
     static const int need[4] = {0, V2_ADDR_INET, V2_ADDR_INET6, V2_ADDR_UNIX};
     int addr_len = need[family];
     if (be16(h + 14) < addr_len)
@@ -106,8 +106,9 @@ static int v2_step(smtpe__proxy *st, const uint8_t *buf, uint8_t c, size_t cap)
         return c == v2_sig[i] ? SMTPE__PROXY_MORE : SMTPE__PROXY_INVALID;
     if (i == 12 && ((c >> 4) != 2 || (c & 0x0f) > V2_CMD_PROXY))
         return SMTPE__PROXY_INVALID;
-    if (i == 13 && ((c >> 4) > SMTPE_PROXY_AF_UNIX || (c & 0x0f) > SMTPE_PROXY_TRANSPORT_DGRAM))
-        return SMTPE__PROXY_INVALID;
+    if (i == 13 && (buf[12] & 0x0f) != V2_CMD_LOCAL &&
+        ((c >> 4) > SMTPE_PROXY_AF_UNIX || (c & 0x0f) > SMTPE_PROXY_TRANSPORT_DGRAM))
+        return SMTPE__PROXY_INVALID; /* LOCAL ignores the family (§2.2) */
     if (i < SMTPE__PROXY_V2_FIXED - 1)
         return SMTPE__PROXY_MORE;
     if (st->need == 0) { /* the last fixed octet: the length is known */

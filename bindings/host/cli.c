@@ -37,6 +37,7 @@ enum {
     OPT_LMTP,
     OPT_PROXY_PROTOCOL,
     OPT_XCLIENT_FROM,
+    OPT_PROXY_FROM,
     OPT_NO_CHUNKING,
     OPT_NO_BINARYMIME,
     OPT_NO_DSN,
@@ -68,6 +69,7 @@ static const struct option long_options[] = {
     {"lmtp", no_argument, NULL, OPT_LMTP},
     {"proxy-protocol", no_argument, NULL, OPT_PROXY_PROTOCOL},
     {"xclient-from", required_argument, NULL, OPT_XCLIENT_FROM},
+    {"proxy-from", required_argument, NULL, OPT_PROXY_FROM},
     {"no-chunking", no_argument, NULL, OPT_NO_CHUNKING},
     {"no-binarymime", no_argument, NULL, OPT_NO_BINARYMIME},
     {"no-dsn", no_argument, NULL, OPT_NO_DSN},
@@ -113,6 +115,9 @@ void cli_usage(FILE *f)
           "  --lmtp                     speak LMTP (RFC 2033): LHLO, one reply per recipient\n"
           "  --proxy-protocol           every connection starts with a PROXY v1/v2 header;\n"
           "                             its source address is the client in logs and Received:\n"
+          "  --proxy-from CIDR          only balancers in CIDR may send the PROXY header\n"
+          "                             (repeatable); others get 554 5.7.1. Without it any\n"
+          "                             peer may, and a PROXY source never earns XCLIENT trust\n"
           "  --xclient-from CIDR        clients in CIDR (ADDR/LEN or an address; repeatable)\n"
           "                             may use XCLIENT and XFORWARD\n"
           "  --no-chunking              do not offer CHUNKING (BDAT), nor BINARYMIME\n"
@@ -296,6 +301,11 @@ static int apply_new(struct host_options *o, int opt, const char *arg)
             return usage_error("bad --xclient-from (ADDR/LEN or ADDR, IPv4 or IPv6)", arg);
         o->xclient_count++;
         return CLI_RUN;
+    case OPT_PROXY_FROM:
+        if (net_parse_cidr(arg, &o->proxy_from[o->proxy_from_count]) < 0)
+            return usage_error("bad --proxy-from (ADDR/LEN or ADDR, IPv4 or IPv6)", arg);
+        o->proxy_from_count++;
+        return CLI_RUN;
     case OPT_NO_CHUNKING: o->ext_off |= SMTPE_EXT_CHUNKING | SMTPE_EXT_BINARYMIME; return CLI_RUN;
     case OPT_NO_BINARYMIME: o->ext_off |= SMTPE_EXT_BINARYMIME; return CLI_RUN;
     case OPT_NO_DSN: o->ext_off |= SMTPE_EXT_DSN; return CLI_RUN;
@@ -316,6 +326,8 @@ static int check_combinations(const struct host_options *o)
         return unavailable(TLS_UNAVAILABLE_TEXT);
     if (o->require_tls && o->tls_cert == NULL)
         return usage_error("--require-tls needs STARTTLS (--tls-cert and --tls-key)", NULL);
+    if (o->proxy_from_count > 0 && !o->proxy_protocol)
+        return usage_error("--proxy-from needs --proxy-protocol", NULL);
     if (o->auth_users != NULL && !auth_available())
         return unavailable(AUTH_UNAVAILABLE_TEXT);
     if (o->auth_users != NULL && o->tls_cert == NULL && !o->auth_plaintext_ok)
@@ -339,6 +351,9 @@ int cli_parse(int argc, char **argv, struct host_options *o)
     o->xclient_from = argc > 0 ? calloc((size_t)argc, sizeof *o->xclient_from) : NULL;
     if (o->xclient_from == NULL)
         o->xclient_from = no_cidr;
+    o->proxy_from = argc > 0 ? calloc((size_t)argc, sizeof *o->proxy_from) : NULL;
+    if (o->proxy_from == NULL)
+        o->proxy_from = no_cidr;
     opterr = 1; /* getopt names the unknown switch itself */
     optind = 1;
     while ((opt = getopt_long(argc, argv, "", long_options, NULL)) != -1) {
@@ -351,7 +366,8 @@ int cli_parse(int argc, char **argv, struct host_options *o)
             return CLI_USAGE;
         }
         if ((opt == OPT_DOMAIN && o->domains == none) ||
-            (opt == OPT_XCLIENT_FROM && o->xclient_from == no_cidr))
+            (opt == OPT_XCLIENT_FROM && o->xclient_from == no_cidr) ||
+            (opt == OPT_PROXY_FROM && o->proxy_from == no_cidr))
             return usage_error("out of memory", NULL);
         rc = apply(o, opt, optarg);
         if (rc != CLI_RUN)

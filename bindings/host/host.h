@@ -50,6 +50,8 @@ struct host_options {
     int proxy_protocol;        /* a PROXY header starts every connection */
     struct net_cidr *xclient_from; /* peers trusted with XCLIENT/XFORWARD; 0: none */
     size_t xclient_count;
+    struct net_cidr *proxy_from; /* peers that may send the PROXY header; 0: any */
+    size_t proxy_from_count;
     unsigned ext_off;          /* SMTPE_EXT_* switched off by --no-... */
 };
 

@@ -80,8 +80,12 @@ static int build_config(struct host_ctx *ctx)
     if (o->xclient_count > 0)
         cfg->extensions |= SMTPE_EXT_XCLIENT | SMTPE_EXT_XFORWARD;
     cfg->require_tls = o->require_tls;
-    if (o->auth_users != NULL)
+    if (o->auth_users != NULL) {
         cfg->auth_mechanisms = "PLAIN LOGIN";
+        /* "AUTH PLAIN " + the base64 (1024) of the longest PLAIN message RFC 4616 §2 allows
+         * (three 255-octet parts and two NULs) + CRLF; the default 512 would cut it */
+        cfg->max_line_length = 1040;
+    }
     cfg->auth_without_tls = o->auth_plaintext_ok;
     cfg->lmtp = o->lmtp;
     if (o->lmtp)

@@ -55,6 +55,8 @@ int session_start(struct session *ss, smtpe_server *s, const struct sockaddr *pe
 {
     const struct host_options *o = &ss->ctx->opt;
 
+    ss->proxy_vouched =
+        o->proxy_from_count > 0 && net_cidr_match_sa(o->proxy_from, o->proxy_from_count, peer);
     if (o->xclient_count > 0 && net_cidr_match_sa(o->xclient_from, o->xclient_count, peer))
         return smtpe_server_set_trusted(s, 1);
     return 0;
@@ -108,6 +110,7 @@ void session_tls_up(struct session *ss, const char *version, const char *cipher,
     ss->helo[0] = '\0';
     ss->esmtp = 0;
     ss->auth_user[0] = '\0';
+    ss->xclient_login[0] = '\0'; /* the engine forgets authentication at STARTTLS too */
     end_transaction(ss);
 }
 
@@ -198,12 +201,30 @@ static void protocol_name(const struct session *ss, char *out, size_t cap)
              !plain && session_auth_name(ss)[0] ? "A" : "");
 }
 
+/* A client-supplied name (HELO argument, XCLIENT/XFORWARD NAME or HELO) as it may appear in the
+ * Received header: the octets of a domain or address literal (letters, digits, . - _ : [ ])
+ * are kept and every other one becomes '?', so that no name can add a comment, a "by" clause
+ * or anything else that would forge the trace (RFC 5321 §4.4 Extended-Domain). */
+static const char *trace_name(const char *in, char *out, size_t cap)
+{
+    size_t i = 0;
+    for (; in[i] != '\0' && i + 1 < cap; i++) {
+        unsigned char ch = (unsigned char)in[i];
+        int ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+                 ch == '.' || ch == '-' || ch == '_' || ch == ':' || ch == '[' || ch == ']';
+        out[i] = ok ? (char)ch : '?';
+    }
+    out[i] = '\0';
+    return out;
+}
+
 /* "(name [ip])", "([ip])", "(name)", "(unix socket)" or "(unknown)": the TCP-info of the
  * Received header's from clause (RFC 5321 §4.4), for the forwarded client when XFORWARD
  * named one. */
 static void tcp_info(const struct session *ss, char *out, size_t cap)
 {
-    const char *name = ss->xf.set ? ss->xf.name : ss->peer_name;
+    char clean[HOST_NAME_MAX_LEN + 1];
+    const char *name = trace_name(ss->xf.set ? ss->xf.name : ss->peer_name, clean, sizeof clean);
     const char *ip = ss->xf.set ? ss->xf.addr : ss->peer_ip;
     int v6 = ss->xf.set ? ss->xf.addr_v6 : ss->peer_v6;
 
@@ -220,7 +241,9 @@ static void tcp_info(const struct session *ss, char *out, size_t cap)
 static int write_trace(struct session *ss, time_t now)
 {
     const char *hostname = ss->ctx->opt.hostname;
-    const char *helo = ss->xf.set && ss->xf.helo[0] ? ss->xf.helo : ss->helo;
+    char clean[SESSION_NAME_MAX + 1];
+    const char *helo = trace_name(ss->xf.set && ss->xf.helo[0] ? ss->xf.helo : ss->helo, clean,
+                                  sizeof clean);
     char date[64], proto[32], info[HOST_NAME_MAX_LEN + NET_IP_MAX + 16], tls[160];
     char buf[TRACE_MAX];
     int n;
@@ -524,20 +547,27 @@ static void set_client(struct session *ss, int family, const uint8_t *addr, unsi
 }
 
 /* A PROXY header: its source becomes the client (LOCAL, UNKNOWN and unix sources keep the
- * connection's own peer), and whether it may use XCLIENT is decided on that address. */
+ * connection's own peer). With --proxy-from only those balancers may send one; and only a
+ * header from such a vouched balancer can earn its source XCLIENT trust, since anyone who
+ * reaches the port can write a header naming any address. */
 static int on_proxy(struct session *ss, smtpe_server *s, const smtpe_event *ev)
 {
     const smtpe_proxy_info *p = &ev->proxy;
     const struct host_options *o = &ss->ctx->opt;
     int family = p->family == SMTPE_PROXY_AF_INET ? AF_INET : AF_INET6;
 
+    if (o->proxy_from_count > 0 && !ss->proxy_vouched) {
+        session_set_end(ss, "proxy-not-allowed");
+        return smtpe_server_reply(s, 554, "5.7.1", "Not a trusted proxy");
+    }
     if (!p->local && (p->family == SMTPE_PROXY_AF_INET || p->family == SMTPE_PROXY_AF_INET6)) {
         int rc;
         add_via(ss);
         set_client(ss, family, p->src_addr, p->src_port);
         if (o->xclient_count > 0 &&
             (rc = smtpe_server_set_trusted(
-                 s, net_cidr_match(o->xclient_from, o->xclient_count, family, p->src_addr))) < 0)
+                 s, ss->proxy_vouched && net_cidr_match(o->xclient_from, o->xclient_count,
+                                                        family, p->src_addr))) < 0)
             return rc;
     }
     return smtpe_server_accept(s);

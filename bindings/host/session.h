@@ -57,6 +57,7 @@ struct session {
     char queue_id[MAILDIR_QUEUE_ID_LEN + 1];
     struct maildir_msg *msg;         /* message being written, NULL if none (or --sink) */
     int store_failed;                /* the message could not be opened or written */
+    int proxy_vouched;               /* the connection came from a --proxy-from balancer */
     int tls;                         /* TLS is up */
     char tls_version[32];            /* "TLSv1.3" */
     char tls_cipher[64];             /* "TLS_AES_256_GCM_SHA384" */

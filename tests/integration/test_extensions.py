@@ -16,6 +16,7 @@ without them the tests that use them fail, never skip.
 """
 
 import argparse
+import base64
 import os
 import re
 import shutil
@@ -1137,6 +1138,86 @@ class TestXclient(Base):
         c.ehlo()
         c.cmd("XCLIENT ADDR=192.0.2.7", "502 5.5.1 Command not implemented")
         c.cmd("XFORWARD ADDR=192.0.2.7", "502 5.5.1 Command not implemented")
+
+
+class TestHardening(Base):
+    """Fixes from the hostile review: PROXY spoofing, trace forgery, long SASL lines."""
+
+    def test_proxy_from_refuses_other_balancers(self):
+        srv = self.start("--proxy-protocol", "--proxy-from", "127.0.0.2/32")
+        c = self.connect(srv, source="127.0.0.3", greeting=False)
+        c.send(b"PROXY TCP4 198.51.100.9 127.0.0.1 40000 25\r\n")
+        self.assertEqual(c.expect(554).text, "554 5.7.1 Not a trusted proxy")
+        c = self.connect(srv, source="127.0.0.2", greeting=False)
+        c.send(b"PROXY TCP4 198.51.100.9 127.0.0.1 40000 25\r\n")
+        c.expect(220)
+
+    def test_forged_proxy_source_earns_no_xclient_trust(self):
+        # anyone who reaches the port may write a header naming a trusted address
+        srv = self.start("--proxy-protocol", "--xclient-from", "10.0.0.0/8")
+        c = self.connect(srv, source="127.0.0.1", greeting=False)
+        c.send(b"PROXY TCP4 10.9.9.9 127.0.0.1 40000 25\r\n")
+        c.expect(220)
+        kw = ehlo_keywords(c.ehlo())
+        self.assertFalse(any(k.startswith("XCLIENT") for k in kw), kw)
+        c.cmd("XCLIENT ADDR=203.0.113.7 LOGIN=ceo", "550 5.7.0 Insufficient authorization")
+
+    def test_vouched_balancer_passes_xclient_trust(self):
+        srv = self.start("--proxy-protocol", "--proxy-from", "127.0.0.1/32",
+                         "--xclient-from", "10.0.0.0/8")
+        c = self.connect(srv, source="127.0.0.1", greeting=False)
+        c.send(b"PROXY TCP4 10.9.9.9 127.0.0.1 40000 25\r\n")
+        c.expect(220)
+        self.assertIn(XCLIENT_KW, ehlo_keywords(c.ehlo()))
+        c = self.connect(srv, source="127.0.0.1", greeting=False)
+        c.send(b"PROXY TCP4 198.51.100.9 127.0.0.1 40000 25\r\n")  # outside --xclient-from
+        c.expect(220)
+        kw = ehlo_keywords(c.ehlo())
+        self.assertFalse(any(k.startswith("XCLIENT") for k in kw), kw)
+
+    def test_helo_cannot_forge_the_trace(self):
+        srv = self.start()
+        c = self.client(srv)
+        c.ehlo("evil.example (localhost [127.0.0.1]) by trusted.example;")
+        c.txn()
+        c.data()
+        qid = self.finish_data(c, b"Subject: trace\r\n\r\nx\r\n")
+        rec = received_text(self.stored_by_qid(srv, qid))
+        self.assertIn(b"from evil.example??localhost?[127.0.0.1]??by?trusted.example? ([127.0.0.1])", rec)
+        self.assertEqual(rec.count(b" by "), 1, rec)
+
+    def test_longest_plain_credentials_fit(self):
+        users = os.path.join(tempfile.mkdtemp(prefix="smtpe-ext-"), "users")
+        user, pw = "u" * 255, "p" * 255
+        h = subprocess.run(["openssl", "passwd", "-6", pw], stdout=subprocess.PIPE,
+                           check=True).stdout.decode().strip()
+        with open(users, "w") as f:
+            f.write("%s:%s\n" % (user, h))
+        srv = self.start("--auth-users", users, "--auth-plaintext-ok")
+        c = self.client(srv)
+        c.ehlo()
+        resp = base64.b64encode(("z" * 255 + "\0" + user + "\0" + pw).encode()).decode()
+        self.assertEqual(len("AUTH PLAIN " + resp), 1035)
+        # an authorization identity other than the user is refused, but the line was read whole
+        c.cmd("AUTH PLAIN " + resp, "535 5.7.8 Authentication credentials invalid")
+        resp = base64.b64encode(("\0" + user + "\0" + pw).encode()).decode()
+        c.cmd("AUTH PLAIN " + resp, "235 2.7.0 Authentication successful")
+
+    def test_xclient_login_forgotten_at_starttls(self):
+        srv = self.start("--xclient-from", "127.0.0.1/32", *tls_args())
+        c = self.connect(srv, source="127.0.0.1")
+        c.ehlo()
+        c.cmd("XCLIENT LOGIN=mallory", "220 %s ESMTP smtpe" % HOST)
+        c.ehlo()
+        c.starttls()
+        c.ehlo()
+        c.txn()
+        c.data()
+        qid = self.finish_data(c, b"Subject: after tls\r\n\r\nx\r\n")
+        rec = received_text(self.stored_by_qid(srv, qid))
+        self.assertIn(b"with ESMTPS id", rec)
+        c.cmd("QUIT", "221 2.0.0 Bye")
+        self.assertNotIn("auth=mallory", self.disconnect_line(srv))
 
 
 # ------------------------------------------------------------------------------------------------
