@@ -1,30 +1,42 @@
 /*
  * fuzz_session.c - libFuzzer target over a whole server session, driven through the public API
  * exactly as a host drives it (smtpe_server_recv / next_event / reply / accept / close /
- * send_buf / send_ack / expiry / handle_expiry).
+ * auth_challenge / tls_started / set_trusted / send_buf / send_ack / expiry / handle_expiry).
  *
  * Input layout (all multi-octet numbers little-endian; a short input is padded with zeros):
  *
  *   [0]      line-ending policy (value % 3: REFUSE, NORMALISE, KEEP)
  *   [1]      bit 0 lax angle brackets, bit 1 ehlo_extra lines, bit 2 long (255-octet) hostname,
- *            bit 3 custom greeting text, bits 4-5 timeouts (defaults, none, 1000/1000, 1000/none)
+ *            bit 3 custom greeting text, bits 4-5 timeouts (defaults, none, 1000/1000, 1000/none),
+ *            bit 6 trusted peer (smtpe_server_set_trusted(s, 1) after creation), bit 7 implicit
+ *            TLS (smtpe_server_tls_started right after creation; with proxy_protocol right after
+ *            the PROXY verdict, since the header comes before the handshake)
  *   [2]      max_message_size: <32 default (10 MiB), <64 none (0), else (v-64)*8+1 octets
  *   [3]      max_recipients: <128 1+v%4, <192 100, else v
  *   [4]      max_errors: <128 v%6 (0: no limit), else default (20)
- *   [5]      extensions bitmask (& 0x1f, SMTPE_EXT_*)
+ *   [5]      extensions, SMTPE_EXT_* bits 0-7 (PIPELINING SIZE 8BITMIME SMTPUTF8
+ *            ENHANCEDSTATUSCODES STARTTLS CHUNKING BINARYMIME)
  *   [6]      reply_buffer_size: one of 2048, 2100, 3000, 4096, 65536 (v % 5)
  *   [7]      max_line_length: one of 512, 513, 600, 1000, 4096 (v % 5)
  *   [8..9]   D: number of decision octets at the end of the input (clipped to what is there)
- *   [10..13] seed of the generator that takes over when the decision octets run out
- *   [14]     start time: 0, 1000 or 2^40 ms (v % 3)
- *   [15]     reserved
+ *   [10..13] seed of the generator that takes over when the decision octets run out (mixed by
+ *            splitmix64, so nearby seeds give unrelated decisions)
+ *   [14]     bits 0-1 start time: 0, 1000, 2^40 or 2^62 ms; bit 2 auth_without_tls, bit 3
+ *            require_tls, bit 4 lmtp, bit 5 proxy_protocol (bits 6-7 unused)
+ *   [15]     bits 0-5 SMTPE_EXT_* bits 8-13 (DSN REQUIRETLS MT-PRIORITY DELIVERBY XCLIENT
+ *            XFORWARD); bits 6-7 auth_mechanisms: NULL, "PLAIN LOGIN", "PLAIN LOGIN XOAUTH2",
+ *            "X-TOKEN LOGIN CRAM-MD5 PLAIN"
  *   [16..len-D)  the client octets
  *   [len-D..len) decision octets, read in order (FuzzedDataProvider style): split points, host
  *                verdicts (accept, a reply with a code from a list for the event type, a host
- *                close, or a verdict deferred for a few feeds), clock advances with
- *                handle_expiry calls, and partial acknowledgements of output.
+ *                close, a SASL challenge of fuzz-chosen octets, or a verdict deferred for a
+ *                few feeds), the octets that follow an accepted STARTTLS before TLS is up,
+ *                clock advances with handle_expiry calls, and partial acknowledgements.
  *
  * A seed corpus file is therefore 16 header octets followed by a plain SMTP client transcript.
+ * Zero in every bit that was reserved before (bits 5-7 of [5], bits 6-7 of [1], bits 2-7 of
+ * [14], all of [15]) is the configuration the target had before STARTTLS, AUTH, BDAT, LMTP,
+ * PROXY and XCLIENT existed, so old seeds keep their meaning.
  *
  * Each input runs the session twice:
  *   run 1 ("split"): client octets arrive in fuzz-chosen pieces, output is acknowledged in
@@ -32,35 +44,75 @@
  *     session is made by smtpe_server_new with a counting allocator.
  *   run 2 ("whole"): all client octets are available at once, output is always sent in full,
  *     no deferral; the session lives in caller memory (smtpe_server_init).
- * The host decisions (verdict, reply code/text, clock advance) are keyed by the index of the
- * event in the sequence of non-chunk events, never by the split, and are recorded in run 1 and
- * replayed in run 2. The clock only moves right after an event has been handled, so the
- * timeouts see the same history in both runs.
+ * The host decisions (verdict, reply code/text, challenge, clock advance, pre-TLS octets) are
+ * keyed by the index of the event in the sequence of non-chunk events (an LMTP DATA_END takes
+ * one index per verdict), never by the split, and are recorded in run 1 and replayed in run 2.
+ * The clock only moves right after an event has been handled, so the timeouts see the same
+ * history in both runs.
+ *
+ * STARTTLS: when a verdict leaves the session wanting SMTPE_WANT_TLS, the host model is "the
+ * next K octets of the client stream were sent before the handshake": K comes from the decision
+ * of the STARTTLS event, so it is the same in both runs whatever the host had already read. The
+ * host feeds exactly those K octets (in pieces in the split run), which the engine must consume
+ * whole and discard, sends all output, calls smtpe_server_tls_started and goes on with the rest
+ * of the stream as the decrypted client.
  *
  * Oracles (abort on violation):
  *   (a) split invariance: both runs give the same output octets and the same event log (the
- *       DATA_CHUNK contents coalesced), the same return codes, statistics and octets consumed;
+ *       DATA_CHUNK contents coalesced, whatever the DATA or BDAT chunk boundaries), the same
+ *       return codes, statistics (discarded_octets, tls, authenticated too) and octets consumed;
  *   (b) output: every reply line matches ^[2-5][0-9][0-9][ -], ends in CRLF, has no other
- *       control octet, is at most 512 octets, and a "ddd-" line is followed by one of the
- *       same code; the output ends with a complete reply;
- *   (c) content: for a message that ended SMTPE_DATA_OK without normalisation (always so under
- *       KEEP), the concatenated chunks are exactly the octets the engine consumed between the
- *       DATA line and the DATA_END event, less the final ".\r\n", dot-unstuffed by a reference
- *       (first '.' of each CRLF-ended line deleted). For a client that stuffed correctly this
- *       is "the chunks re-stuffed plus .CRLF are the octets consumed"; it is checked this way
- *       round because unstuffing is not one-to-one on a line like ".x" that was not stuffed.
- *       In every policy the first
- *       CRLF.CRLF (counting the DATA line's CRLF) is exactly where the content ended;
- *       DATA_END.size is the octets delivered (at least those when the status is not OK);
- *       HAS_8BIT says whether one was above 127;
+ *       control octet, is at most 512 octets (a "334 " SASL challenge at most 4 + 2048 + 2,
+ *       base64 of up to 1536 octets), and a "ddd-" line is followed by one of the same code; the
+ *       output ends with a complete reply; queued output never changes before it is sent;
+ *   (c) DATA content: for a message that ended SMTPE_DATA_OK without normalisation (always so
+ *       under KEEP), the concatenated chunks are exactly the octets the engine consumed between
+ *       the DATA line and the DATA_END event, less the final ".\r\n", dot-unstuffed by a
+ *       reference (first '.' of each CRLF-ended line deleted). For a client that stuffed
+ *       correctly this is "the chunks re-stuffed plus .CRLF are the octets consumed"; it is
+ *       checked this way round because unstuffing is not one-to-one on a line like ".x" that was
+ *       not stuffed. In every policy the first CRLF.CRLF (counting the DATA line's CRLF) is
+ *       exactly where the content ended; DATA_END.size is the octets delivered (at least those
+ *       when the status is not OK); HAS_8BIT says whether one was above 127; DATA never comes
+ *       after BODY=BINARYMIME;
+ *   (c') BDAT content: the raw chunk octets are the SIZE octets right after each BDAT line (the
+ *       engine consumes exactly them: CHUNK_END and a chunked DATA_END come with the consumed
+ *       offset at the chunk's end). For the message the chunks are one text: under KEEP or
+ *       BODY=BINARYMIME the content is the raw octets, under NORMALISE the reference normaliser
+ *       applied to them (NORMALISED iff one was bare), under REFUSE the raw octets up to the
+ *       first bare CR/LF/NUL (status BAD_LINE_ENDING iff there is one). Status OK: content equal,
+ *       size = content; otherwise the content is a prefix, exactly max_message_size long for
+ *       TOO_BIG. BAD_LINE_ENDING is reported at the LAST chunk (spec: refused content is read
+ *       to its end). Every BDAT gets exactly one reply: the CHUNK_END verdict, the DATA_END
+ *       verdicts (one per recipient under LMTP, after LAST only), or the engine's refusal, which
+ *       for a chunk without LAST is one reply even under LMTP (RFC 3030 §2, RFC 2033 §4.2);
  *   (d) memory: smtpe_server_new makes exactly one allocation of smtpe_server_memory_size(cfg)
  *       octets, none afterwards, and smtpe_server_free releases that one;
  *   (e) smtpe_server_recv returns 0..len; next_event returns 0 or 1 and agrees with
  *       SMTPE_WANT_EVENT; send_buf agrees with SMTPE_WANT_WRITE; recv consumes only with
  *       SMTPE_WANT_READ, and with it consumes or makes an event; a session at rest wants to read
- *       (having consumed everything) or to close; handle_expiry agrees with
- *       expiry(); accept succeeds whenever a verdict is due; event spans lie in session memory
- *       (paths, arguments) or in the octets just fed (chunks; or a static CR/LF/CRLF).
+ *       (having consumed everything) or to close; handle_expiry agrees with expiry(); accept
+ *       succeeds whenever a verdict is due; every verdict call that succeeds queues exactly one
+ *       reply (a failed one queues nothing); a 421 verdict makes the session close; event spans
+ *       lie in session memory (paths, arguments, credentials, TLVs, attributes) or in the octets
+ *       just fed (chunks; or a static CR/LF/CRLF); events come only when the configuration and
+ *       the session's state allow them (STARTTLS offered, AUTH offered and not yet done, XCLIENT
+ *       to a trusted peer, BDAT with CHUNKING in a transaction with a recipient, MAIL after an
+ *       accepted HELO and, with require_tls, under TLS);
+ *   (f) STARTTLS: after the verdict that accepts it, every octet fed before tls_started is
+ *       consumed at once and produces no event and no reply; stats.discarded_octets counts them;
+ *       tls_started fails while the 220 is unsent and succeeds once it is; a second call fails;
+ *   (g) AUTH: the decoded credentials (authzid, authcid, password, response) lie in session
+ *       memory and are all zero right after the host's verdict, challenge or close;
+ *       auth_challenge is refused for PLAIN, LOGIN and every other event, accepted for other
+ *       mechanisms (up to 1536 octets), and the next step of the exchange comes as step + 1;
+ *   (h) LMTP: a DATA_END with status OK takes exactly ev.data_end.replies verdicts (one per
+ *       accepted recipient; 1 without LMTP), each chosen separately and each queueing one reply;
+ *       SMTPE_WANT_VERDICT stays set until the last;
+ *   (i) PROXY_INVALID: nothing has been queued or sent and the session wants only to close;
+ *       PROXY: the TLVs walk exactly;
+ *   (j) want()/expiry(): while SMTPE_WANT_TLS the session wants neither READ, EVENT, VERDICT nor
+ *       CLOSE and expiry() is UINT64_MAX.
  *
  * Reproduce a crash: fuzz/out/fuzz_session CRASHFILE (it prints what was violated; with
  * FUZZ_TRACE=1 in the environment it also prints every call and event of both runs).
@@ -105,7 +157,10 @@ static unsigned prov_u8(prov *d)
 /* ------------------------------------------------------------------------------------------ */
 /* Host decisions, keyed by the index of the non-chunk event (index 0: session start).         */
 
-enum { K_NONE, K_ACCEPT, K_REPLY, K_CLOSE };
+enum { K_NONE, K_ACCEPT, K_REPLY, K_CLOSE, K_CHALLENGE };
+
+#define CHAL_MAX 16       /* challenge octets a decision holds */
+#define CHAL_BIG 1536     /* the longest challenge smtpe_server_auth_challenge takes */
 
 typedef struct decision {
     int kind;
@@ -114,6 +169,9 @@ typedef struct decision {
     const char *text;
     unsigned defer;   /* feeds to hold the verdict back (split run only) */
     uint64_t advance; /* ms the clock moves on after the event */
+    size_t junk;      /* STARTTLS: client octets sent before the TLS handshake */
+    size_t chal_len;  /* K_CHALLENGE: octets (CHAL_BIG and CHAL_BIG + 1 from chal_big) */
+    uint8_t chal[CHAL_MAX];
 } decision;
 
 static const unsigned helo_codes[] = {250, 421, 450, 451, 501, 504, 550, 554};
@@ -123,6 +181,12 @@ static const unsigned data_codes[] = {354, 421, 451, 452, 503, 550, 554};
 static const unsigned end_codes[] = {250, 421, 450, 451, 452, 550, 552, 554};
 static const unsigned vrfy_codes[] = {250, 251, 252, 421, 502, 550, 551, 553};
 static const unsigned unknown_codes[] = {500, 502, 504, 250, 421};
+static const unsigned starttls_codes[] = {220, 454, 454, 220, 421, 501, 554};
+static const unsigned auth_codes[] = {235, 535, 535, 454, 534, 421, 538, 250};
+static const unsigned chunk_codes[] = {250, 452, 554, 451, 552, 421};
+static const unsigned proxy_codes[] = {220, 421, 554, 550, 220, 250};
+static const unsigned xclient_codes[] = {220, 550, 421, 501, 250, 220};
+static const unsigned xforward_codes[] = {250, 421, 550, 501};
 static const unsigned odd_codes[] = {0, 199, 200, 299, 300, 354, 599, 600, 999};
 static const unsigned close_codes[] = {421, 421, 221, 554, 550, 500, 250};
 
@@ -131,6 +195,7 @@ static char text_401[402];     /* one octet too many */
 static char text_lines[1200];  /* 100 short lines */
 static char text_many[2200];   /* 700 one-octet lines: more text than a small buffer holds */
 static char text_total[2100];  /* 2049 octets of text in 6 lines: over the total */
+static uint8_t chal_big[CHAL_BIG + 1];
 
 static const char *texts[] = {
     NULL, NULL, "Ok", "", "first line\nsecond line", "a\n\nb", text_400, text_401,
@@ -159,6 +224,8 @@ static void texts_init(void)
     memset(text_total, 't', 2054);
     for (int i = 1; i <= 5; i++)
         text_total[i * 342] = '\n';
+    for (size_t i = 0; i < sizeof chal_big; i++)
+        chal_big[i] = (uint8_t)(i * 7 + 3);
 }
 
 static const char *enhanced_for(prov *pv, unsigned code)
@@ -193,6 +260,12 @@ static unsigned code_for(prov *pv, smtpe_event_type t)
     case SMTPE_EV_DATA: return PICK(data_codes, v);
     case SMTPE_EV_DATA_END: return PICK(end_codes, v);
     case SMTPE_EV_VRFY: case SMTPE_EV_EXPN: return PICK(vrfy_codes, v);
+    case SMTPE_EV_STARTTLS: return PICK(starttls_codes, v);
+    case SMTPE_EV_AUTH: return PICK(auth_codes, v);
+    case SMTPE_EV_CHUNK_END: return PICK(chunk_codes, v);
+    case SMTPE_EV_PROXY: return PICK(proxy_codes, v);
+    case SMTPE_EV_XCLIENT: return PICK(xclient_codes, v);
+    case SMTPE_EV_XFORWARD: return PICK(xforward_codes, v);
     default: return PICK(unknown_codes, v);
     }
 }
@@ -227,7 +300,19 @@ static decision draw_decision(prov *pv, smtpe_event_type t, int needs_reply,
         unsigned b = prov_u8(pv);
         d.defer = (b & 3) == 3 ? 1 + (b >> 2) % 4 : 0;
         unsigned v = prov_u8(pv);
-        if (v < 170) {
+        int auth = t == SMTPE_EV_AUTH; /* accepted less often, so that exchanges go on */
+        if (auth && v >= 64 && v < 128) {
+            /* a SASL challenge: for PLAIN and LOGIN it is refused and the host accepts */
+            d.kind = K_CHALLENGE;
+            unsigned l = prov_u8(pv);
+            if (l >= 252) {
+                d.chal_len = CHAL_BIG + (l & 1);
+            } else {
+                d.chal_len = l % (CHAL_MAX + 1);
+                for (size_t i = 0; i < d.chal_len; i++)
+                    d.chal[i] = (uint8_t)prov_u8(pv);
+            }
+        } else if (v < (auth ? 64u : 170u)) {
             d.kind = K_ACCEPT;
         } else if (v < 250) {
             d.kind = K_REPLY;
@@ -240,6 +325,10 @@ static decision draw_decision(prov *pv, smtpe_event_type t, int needs_reply,
             d.enhanced = enhanced_for(pv, d.code);
             d.text = PICK(texts, prov_u8(pv) % 6);
         }
+    }
+    if (t == SMTPE_EV_STARTTLS) {
+        unsigned v = prov_u8(pv);
+        d.junk = v < 128 ? 0 : v < 200 ? 1 + v % 8 : v < 250 ? 1 + prov_u8(pv) * 2u : SIZE_MAX;
     }
     d.advance = advance_for(pv, cfg);
     return d;
@@ -278,6 +367,8 @@ static void count_free(void *p, void *ud)
 
 typedef struct fcase {
     smtpe_server_config cfg;
+    int trusted;      /* smtpe_server_set_trusted(s, 1) after creation */
+    int implicit_tls; /* smtpe_server_tls_started at the start */
     const uint8_t *client;
     size_t client_len;
     uint64_t t0;
@@ -301,19 +392,47 @@ typedef struct run {
     uint64_t now;
     fz_buf out;     /* every octet sent */
     fz_buf log;     /* the event log */
-    fz_buf msg;     /* content of the current message (chunks since the DATA event) */
+    fz_buf msg;     /* content of the current message (chunks since the DATA/first BDAT event) */
     size_t logged;  /* octets of msg already in the log */
     size_t acked;
     size_t k;       /* decisions used */
     int verdict_pending;
     unsigned defer_left;
     size_t data_start; /* consumed offset at the DATA event */
+
+    /* every octet queued, as send_buf showed it, and the final ("ddd ") reply lines in it */
+    fz_buf queued;
+    size_t qscan, finals;
+    size_t mark;      /* finals before the call that took the previous event, or after a verdict */
+
+    /* STARTTLS */
+    int tls_pending;  /* the session wants TLS; the host has not called tls_started yet */
+    size_t junk_left; /* pre-TLS client octets still to feed */
+    size_t discarded; /* octets fed while TLS was pending */
+    unsigned tls_tries;
+
+    /* the host's model of the session (what the verdicts it gave mean) */
+    smtpe_event_type pend_type; /* the event whose verdict is due */
+    unsigned verdicts_left;     /* DATA_END: verdicts still owed */
+    int saw_421;                /* a 421 verdict was given for the pending event */
+    int proxy_seen;             /* the PROXY event came */
+    int helo_ok, tls_up, authenticated, in_txn, txn_binary, bdat_seen, bdat_first, bdat_last;
+    unsigned txn_rcpts;
+    int pend_mail_binary;       /* BODY=BINARYMIME on the MAIL waiting for its verdict */
+    int auth_other;             /* the pending AUTH is of a passed-through mechanism */
+    unsigned auth_step;         /* its step */
+    long chal_step;             /* step of the AUTH answered by a challenge, -1 if none */
+    smtpe_span secrets[4];      /* the pending AUTH's decoded credentials */
+    size_t nsecrets;
+    fz_buf bdat_raw;            /* the octets of this message's accepted BDAT chunks */
+    size_t bdat_at;             /* consumed offset where the current chunk's octets start */
+    uint64_t bdat_size;
 } run;
 
 static const decision *decision_at(run *r, size_t k, smtpe_event_type t, int needs_reply)
 {
     fcase *c = r->c;
-    static const decision none = {K_ACCEPT, 0, NULL, NULL, 0, 0};
+    static const decision none = {K_ACCEPT, 0, NULL, NULL, 0, 0, 0, 0, {0}};
     if (!r->split)
         return k < c->ndec ? &c->dec[k] : &none;
     if (k == c->ndec) {
@@ -328,14 +447,50 @@ static const decision *decision_at(run *r, size_t k, smtpe_event_type t, int nee
     return &c->dec[k];
 }
 
+/* Records the octets send_buf shows that were not seen before and counts the final reply lines
+ * among them; checks that queued octets do not change before they are sent. */
+static void sync_out(run *r)
+{
+    size_t len = 0;
+    const uint8_t *p = smtpe_server_send_buf(r->s, &len);
+    size_t total = r->acked + len;
+    FUZZ_CHECK(total >= r->queued.len, "queued output vanished before it was sent");
+    size_t old = r->queued.len - r->acked;
+    FUZZ_CHECK(old == 0 || memcmp(p, r->queued.p + r->acked, old) == 0,
+               "queued output changed before it was sent");
+    if (total > r->queued.len)
+        fz_put(&r->queued, p + old, total - r->queued.len);
+    while (r->qscan < r->queued.len) {
+        size_t j = r->qscan;
+        while (j + 1 < r->queued.len && !(r->queued.p[j] == '\r' && r->queued.p[j + 1] == '\n'))
+            j++;
+        if (j + 1 >= r->queued.len)
+            break;
+        if (j - r->qscan >= 4 && r->queued.p[r->qscan + 3] == ' ')
+            r->finals++;
+        r->qscan = j + 2;
+    }
+}
+
 static void check_want(run *r)
 {
     unsigned w = smtpe_server_want(r->s);
     size_t len = 99;
     (void)smtpe_server_send_buf(r->s, &len);
     FUZZ_CHECK(!!(w & SMTPE_WANT_WRITE) == (len > 0), "SMTPE_WANT_WRITE disagrees with send_buf");
-    FUZZ_CHECK(!!(w & SMTPE_WANT_VERDICT) == r->verdict_pending,
-               "SMTPE_WANT_VERDICT disagrees with the event that waits for a verdict");
+    /* an event not yet taken that needs a verdict already sets SMTPE_WANT_VERDICT */
+    if (!(w & SMTPE_WANT_EVENT))
+        FUZZ_CHECK(!!(w & SMTPE_WANT_VERDICT) == r->verdict_pending,
+                   "SMTPE_WANT_VERDICT disagrees with the event that waits for a verdict");
+    FUZZ_CHECK(!!(w & SMTPE_WANT_TLS) == r->tls_pending,
+               "SMTPE_WANT_TLS disagrees with the STARTTLS verdict (or tls_started)");
+    if (w & SMTPE_WANT_TLS) {
+        FUZZ_CHECK(!(w & (SMTPE_WANT_READ | SMTPE_WANT_EVENT | SMTPE_WANT_VERDICT |
+                          SMTPE_WANT_CLOSE)),
+                   "SMTPE_WANT_TLS together with READ, EVENT, VERDICT or CLOSE (oracle j)");
+        FUZZ_CHECK(smtpe_server_expiry(r->s) == UINT64_MAX,
+                   "expiry() is not UINT64_MAX while the TLS handshake runs (oracle j)");
+    }
 }
 
 /* Tells the engine the time, as a host does whenever expiry() is due (oracle (e)): it expires
@@ -404,6 +559,34 @@ static void log_params(run *r, const smtpe_param *p, size_t n)
     }
 }
 
+/* A span the engine decoded in place (xtext, base64): in session memory. */
+static void log_mem_span(run *r, smtpe_span s, const char *what)
+{
+    if (!fz_within(s, r->mem, r->memsize)) {
+        fprintf(stderr, "span: %s\n", what);
+        FUZZ_CHECK(0, "event span outside session memory");
+    }
+    fz_put_span(&r->log, s);
+}
+
+static int no_control(smtpe_span s)
+{
+    for (size_t i = 0; i < s.len; i++)
+        if (s.ptr[i] < 0x20 || s.ptr[i] == 0x7f)
+            return 0;
+    return 1;
+}
+
+/* The transaction the host knows of is over (engine: reset_transaction). */
+static void model_reset_txn(run *r)
+{
+    r->in_txn = 0;
+    r->txn_binary = 0;
+    r->txn_rcpts = 0;
+    r->bdat_seen = 0;
+    r->bdat_last = 0;
+}
+
 static void check_content(run *r, const smtpe_event *ev)
 {
     const fcase *c = r->c;
@@ -439,11 +622,83 @@ static void check_content(run *r, const smtpe_event *ev)
     fz_free(&ref);
 }
 
+/* Oracle (c'): a message that came by BDAT against the raw octets of its chunks. */
+static void check_bdat_content(run *r, const smtpe_event *ev)
+{
+    const fcase *c = r->c;
+    const uint8_t *raw = r->bdat_raw.p;
+    size_t n = r->bdat_raw.len;
+    const uint8_t *m = r->msg.p;
+    size_t mlen = r->msg.len;
+    int status = ev->data_end.status;
+    unsigned flags = ev->data_end.flags;
+    uint64_t max = c->cfg.max_message_size;
+    int complete = r->bdat_last; /* the message's end: after LAST; else refused early */
+    smtpe_line_ending_policy pol = r->txn_binary ? SMTPE_LINE_ENDING_KEEP : c->cfg.line_ending;
+    size_t fb = fz_first_bare(raw, n), nb = fz_count_bare(raw, n);
+    uint64_t expsize;
+    int expstatus;
+    fz_buf exp = {0};
+
+    FUZZ_CHECK(r->consumed == r->bdat_at + r->bdat_size,
+               "BDAT: the content did not end exactly at the end of the chunk's octets");
+    if (pol == SMTPE_LINE_ENDING_KEEP) {
+        fz_put(&exp, raw, n);
+        expsize = n;
+        expstatus = max && expsize > max ? SMTPE_DATA_TOO_BIG : SMTPE_DATA_OK;
+    } else if (pol == SMTPE_LINE_ENDING_NORMALISE) {
+        fz_normalise(&exp, raw, n);
+        expsize = exp.len;
+        expstatus = max && expsize > max ? SMTPE_DATA_TOO_BIG : SMTPE_DATA_OK;
+    } else {
+        fz_put(&exp, raw, fb);
+        expsize = n - nb;
+        expstatus = max && fb > max ? SMTPE_DATA_TOO_BIG
+                    : nb            ? SMTPE_DATA_BAD_LINE_ENDING
+                                    : SMTPE_DATA_OK;
+    }
+    if (pol != SMTPE_LINE_ENDING_NORMALISE)
+        FUZZ_CHECK(!(flags & SMTPE_DATA_NORMALISED),
+                   "BDAT: NORMALISED under KEEP, REFUSE or BODY=BINARYMIME");
+    FUZZ_CHECK(mlen <= exp.len && fz_eq(m, mlen, exp.p, mlen),
+               "BDAT: the content is not a prefix of the chunk octets under the policy "
+               "(KEEP/BINARYMIME: verbatim; NORMALISE: reference normaliser; REFUSE: up to the "
+               "first bare CR/LF/NUL)");
+    if (max)
+        FUZZ_CHECK(mlen <= max, "BDAT: more content than max_message_size handed out");
+    if (status == SMTPE_DATA_TOO_BIG)
+        FUZZ_CHECK(max && mlen == max, "BDAT: TOO_BIG but the content handed out is not exactly "
+                                       "max_message_size octets");
+    FUZZ_CHECK(ev->data_end.size >= mlen, "BDAT: DATA_END size below the octets delivered");
+    if (status == SMTPE_DATA_BAD_LINE_ENDING) /* at the end of the chunk that held one */
+        FUZZ_CHECK(nb > 0, "BDAT: content refused without a bare CR/LF/NUL in the chunks read");
+    if (!complete) {
+        FUZZ_CHECK(status != SMTPE_DATA_OK, "BDAT: DATA_END OK without LAST");
+        fz_free(&exp);
+        return;
+    }
+    FUZZ_CHECK(status == expstatus, "BDAT: DATA_END status is not what the chunk octets give");
+    FUZZ_CHECK(ev->data_end.size == expsize,
+               "BDAT: DATA_END size is not the content the chunk octets give under the policy");
+    if (pol == SMTPE_LINE_ENDING_NORMALISE)
+        FUZZ_CHECK(!!(flags & SMTPE_DATA_NORMALISED) == (nb > 0),
+                   "BDAT: NORMALISED disagrees with a bare CR/LF/NUL in the chunk octets");
+    FUZZ_CHECK(!!(flags & SMTPE_DATA_HAS_8BIT) == fz_has_8bit(raw, n),
+               "BDAT: HAS_8BIT disagrees with the chunk octets");
+    if (status == SMTPE_DATA_OK)
+        FUZZ_CHECK(fz_eq(m, mlen, exp.p, exp.len),
+                   "BDAT: the content of an accepted message is not the chunk octets under the "
+                   "policy");
+    fz_free(&exp);
+}
+
 static int expected_needs_reply(const smtpe_event *ev)
 {
     switch (ev->type) {
     case SMTPE_EV_HELO: case SMTPE_EV_MAIL: case SMTPE_EV_RCPT: case SMTPE_EV_DATA:
-    case SMTPE_EV_VRFY: case SMTPE_EV_EXPN: case SMTPE_EV_UNKNOWN:
+    case SMTPE_EV_VRFY: case SMTPE_EV_EXPN: case SMTPE_EV_UNKNOWN: case SMTPE_EV_STARTTLS:
+    case SMTPE_EV_AUTH: case SMTPE_EV_CHUNK_END: case SMTPE_EV_PROXY: case SMTPE_EV_XCLIENT:
+    case SMTPE_EV_XFORWARD:
         return 1;
     case SMTPE_EV_DATA_END:
         return ev->data_end.status == SMTPE_DATA_OK;
@@ -466,13 +721,122 @@ static void take_chunk(run *r, const smtpe_event *ev)
     fz_put(&r->msg, ch.ptr, ch.len);
 }
 
-static void take_event(run *r, const smtpe_event *ev)
+/* 1 if the mechanism m (any case) is one of the configured names. */
+static int mech_listed(const char *list, smtpe_span m)
 {
-    FUZZ_CHECK(ev->type > SMTPE_EV_NONE && ev->type <= SMTPE_EV_ERROR_LIMIT, "bad event type");
+    while (list && *list) {
+        size_t n = strcspn(list, " ");
+        if (n == m.len) {
+            size_t i = 0;
+            while (i < n && (m.ptr[i] == (uint8_t)list[i] ||
+                             (m.ptr[i] >= 'a' && m.ptr[i] <= 'z' &&
+                              m.ptr[i] - 32 == (uint8_t)list[i])))
+                i++;
+            if (i == n)
+                return 1;
+        }
+        list += n;
+        while (*list == ' ')
+            list++;
+    }
+    return 0;
+}
+
+static void take_auth(run *r, const smtpe_event *ev)
+{
+    const smtpe_server_config *cfg = &r->c->cfg;
+    FUZZ_CHECK(cfg->auth_mechanisms && (r->tls_up || cfg->auth_without_tls),
+               "AUTH event although AUTH is not offered (no mechanisms, or no TLS)");
+    FUZZ_CHECK(r->helo_ok && !r->authenticated && !r->in_txn,
+               "AUTH event before HELO, after a successful AUTH or inside a transaction");
+    FUZZ_CHECK(mech_listed(cfg->auth_mechanisms, ev->auth.mechanism),
+               "AUTH event for a mechanism that is not configured");
+    int id = fz_span_eq_ci(ev->auth.mechanism, "PLAIN")   ? SMTPE_SASL_PLAIN
+             : fz_span_eq_ci(ev->auth.mechanism, "LOGIN") ? SMTPE_SASL_LOGIN
+                                                          : SMTPE_SASL_OTHER;
+    FUZZ_CHECK(ev->auth.mechanism_id == id, "AUTH mechanism_id does not match the mechanism");
+    log_mem_span(r, ev->auth.mechanism, "auth.mechanism");
+    fz_put_u64(&r->log, (uint64_t)ev->auth.mechanism_id);
+    log_mem_span(r, ev->auth.authzid, "auth.authzid");
+    log_mem_span(r, ev->auth.authcid, "auth.authcid");
+    log_mem_span(r, ev->auth.password, "auth.password");
+    log_mem_span(r, ev->auth.response, "auth.response");
+    fz_put_u64(&r->log, (uint64_t)ev->auth.has_response);
+    fz_put_u64(&r->log, ev->auth.step);
+    if (id == SMTPE_SASL_PLAIN) {
+        FUZZ_CHECK(ev->auth.authcid.len > 0 && ev->auth.password.len > 0,
+                   "PLAIN credentials with an empty authcid or password (RFC 4616 §2)");
+        FUZZ_CHECK(!memchr(ev->auth.authzid.ptr ? (const void *)ev->auth.authzid.ptr : "", 0,
+                           ev->auth.authzid.len) &&
+                       !memchr(ev->auth.authcid.ptr, 0, ev->auth.authcid.len) &&
+                       !memchr(ev->auth.password.ptr, 0, ev->auth.password.len),
+                   "PLAIN credentials holding a NUL");
+    }
+    if (id == SMTPE_SASL_LOGIN)
+        FUZZ_CHECK(ev->auth.authcid.len > 0 && ev->auth.authcid.len <= 255 &&
+                       ev->auth.authzid.len == 0,
+                   "LOGIN credentials with an empty or over-long user name, or an authzid");
+    if (id != SMTPE_SASL_OTHER)
+        FUZZ_CHECK(ev->auth.step == 0 && ev->auth.response.len == 0,
+                   "PLAIN/LOGIN event with a step or a response");
+    else
+        FUZZ_CHECK(ev->auth.authzid.len == 0 && ev->auth.authcid.len == 0 &&
+                       ev->auth.password.len == 0,
+                   "passed-through mechanism with PLAIN/LOGIN credentials");
+    FUZZ_CHECK(ev->auth.step == 0 || (long)ev->auth.step == r->chal_step + 1,
+               "AUTH step is neither 0 nor the challenged step + 1");
+    if (ev->auth.response.len > 0)
+        FUZZ_CHECK(ev->auth.has_response, "AUTH response without has_response");
+    r->auth_other = id == SMTPE_SASL_OTHER;
+    r->auth_step = ev->auth.step;
+    r->nsecrets = 0;
+    const smtpe_span sp[4] = {ev->auth.authzid, ev->auth.authcid, ev->auth.password,
+                              ev->auth.response};
+    for (int i = 0; i < 4; i++)
+        if (sp[i].len > 0)
+            r->secrets[r->nsecrets++] = sp[i];
+}
+
+static void take_proxy(run *r, const smtpe_event *ev)
+{
+    const smtpe_proxy_info *pi = &ev->proxy;
+    FUZZ_CHECK(pi->version == 1 || pi->version == 2, "PROXY version neither 1 nor 2");
+    FUZZ_CHECK(pi->family >= SMTPE_PROXY_AF_UNSPEC && pi->family <= SMTPE_PROXY_AF_UNIX,
+               "PROXY family out of range");
+    FUZZ_CHECK(pi->transport >= SMTPE_PROXY_TRANSPORT_UNSPEC &&
+                   pi->transport <= SMTPE_PROXY_TRANSPORT_DGRAM,
+               "PROXY transport out of range");
+    if (pi->version == 1)
+        FUZZ_CHECK(pi->tlvs.len == 0, "PROXY v1 with TLVs");
+    fz_put_u64(&r->log, (uint64_t)pi->version);
+    fz_put_u64(&r->log, (uint64_t)pi->local);
+    fz_put_u64(&r->log, (uint64_t)pi->family);
+    fz_put_u64(&r->log, (uint64_t)pi->transport);
+    fz_put(&r->log, pi->src_addr, 16);
+    fz_put(&r->log, pi->dst_addr, 16);
+    fz_put_u64(&r->log, pi->src_port);
+    fz_put_u64(&r->log, pi->dst_port);
+    log_mem_span(r, pi->tlvs, "proxy.tlvs");
+    smtpe_span walk = pi->tlvs, value;
+    uint8_t type;
+    size_t guard = 0;
+    while (smtpe_proxy_tlv_next(&walk, &type, &value)) {
+        FUZZ_CHECK(++guard <= pi->tlvs.len, "PROXY TLV walk does not end");
+        FUZZ_CHECK(fz_within(value, pi->tlvs.ptr, pi->tlvs.len), "PROXY TLV value outside tlvs");
+    }
+    FUZZ_CHECK(walk.len == 0, "PROXY TLVs of the event do not walk to their end");
+}
+
+static void take_event(run *r, const smtpe_event *ev, size_t pre)
+{
+    const fcase *c = r->c;
+    const smtpe_server_config *cfg = &c->cfg;
+    FUZZ_CHECK(ev->type > SMTPE_EV_NONE && ev->type <= SMTPE_EV_XFORWARD, "bad event type");
     int nr = smtpe_event_needs_reply(ev);
     FUZZ_CHECK(nr == expected_needs_reply(ev), "smtpe_event_needs_reply disagrees with smtpe.h");
     if (ev->type == SMTPE_EV_DATA_CHUNK) {
         take_chunk(r, ev);
+        r->mark = pre;
         return;
     }
     flush_chunks(r);
@@ -480,38 +844,121 @@ static void take_event(run *r, const smtpe_event *ev)
           r->k + 1, r->consumed);
     fz_put_u8(&r->log, 'E');
     fz_put_u8(&r->log, (unsigned)ev->type);
+    if (ev->type != SMTPE_EV_AUTH)
+        r->chal_step = -1;
+    if (ev->type == SMTPE_EV_PROXY || ev->type == SMTPE_EV_PROXY_INVALID)
+        FUZZ_CHECK(cfg->proxy_protocol && r->k == 0,
+                   "PROXY event without proxy_protocol or not as the first event");
+    else if (cfg->proxy_protocol && ev->type != SMTPE_EV_TIMEOUT)
+        FUZZ_CHECK(r->proxy_seen, "an event before the PROXY header was read");
+    if (ev->type == SMTPE_EV_PROXY)
+        r->proxy_seen = 1;
     switch (ev->type) {
     case SMTPE_EV_HELO:
         FUZZ_CHECK(fz_within(ev->helo.domain, r->mem, r->memsize), "HELO span outside memory");
         fz_put_span(&r->log, ev->helo.domain);
         fz_put_u8(&r->log, (unsigned)ev->helo.esmtp);
+        FUZZ_CHECK(ev->helo.lmtp == !!cfg->lmtp, "HELO event: lmtp flag disagrees with the config "
+                                                 "(LMTP: only LHLO; SMTP: never LHLO)");
+        if (ev->helo.lmtp)
+            FUZZ_CHECK(ev->helo.esmtp, "LHLO without esmtp");
+        model_reset_txn(r);
         break;
     case SMTPE_EV_MAIL:
+        FUZZ_CHECK(r->helo_ok && !r->in_txn, "MAIL event before HELO or inside a transaction");
+        FUZZ_CHECK(!cfg->require_tls || r->tls_up, "MAIL event before TLS under require_tls");
         log_path(r, &ev->mail.reverse_path);
         fz_put_u64(&r->log, ev->mail.size);
         fz_put_u64(&r->log, (uint64_t)ev->mail.has_size);
         fz_put_u64(&r->log, (uint64_t)ev->mail.body);
         fz_put_u64(&r->log, (uint64_t)ev->mail.smtputf8);
+        fz_put_u64(&r->log, (uint64_t)ev->mail.ret);
+        fz_put_u64(&r->log, (uint64_t)ev->mail.has_envid);
+        log_mem_span(r, ev->mail.envid, "mail.envid");
+        fz_put_u64(&r->log, (uint64_t)ev->mail.has_auth);
+        log_mem_span(r, ev->mail.auth, "mail.auth");
+        fz_put_u64(&r->log, (uint64_t)ev->mail.requiretls);
+        fz_put_u64(&r->log, (uint64_t)(int64_t)ev->mail.mt_priority);
+        fz_put_u64(&r->log, (uint64_t)ev->mail.has_mt_priority);
+        fz_put_u64(&r->log, (uint64_t)ev->mail.by_time);
+        fz_put_u64(&r->log, (uint64_t)(uint8_t)ev->mail.by_mode);
+        fz_put_u64(&r->log, (uint64_t)ev->mail.by_trace);
         log_params(r, ev->mail.params, ev->mail.param_count);
-        if (ev->mail.has_size && r->c->cfg.max_message_size)
-            FUZZ_CHECK(ev->mail.size <= r->c->cfg.max_message_size,
+        FUZZ_CHECK(no_control(ev->mail.envid) && no_control(ev->mail.auth),
+                   "MAIL ENVID/AUTH decoded to a control octet");
+        FUZZ_CHECK(!ev->mail.has_mt_priority ||
+                       (ev->mail.mt_priority >= -9 && ev->mail.mt_priority <= 9),
+                   "MT-PRIORITY out of -9..9");
+        FUZZ_CHECK(ev->mail.by_mode == 0 || ev->mail.by_mode == 'R' || ev->mail.by_mode == 'N',
+                   "BY mode neither R nor N");
+        FUZZ_CHECK(ev->mail.by_mode != 'R' || ev->mail.by_time > 0,
+                   "BY=<time>;R with a time that is not positive (RFC 2852 §4)");
+        FUZZ_CHECK(!ev->mail.requiretls || r->tls_up, "REQUIRETLS accepted without TLS");
+        if (ev->mail.has_size && cfg->max_message_size)
+            FUZZ_CHECK(ev->mail.size <= cfg->max_message_size,
                        "MAIL with SIZE over max_message_size reached the host");
+        r->pend_mail_binary = ev->mail.body == SMTPE_BODY_BINARYMIME;
+        if (r->pend_mail_binary)
+            FUZZ_CHECK((cfg->extensions & SMTPE_EXT_BINARYMIME) &&
+                           (cfg->extensions & SMTPE_EXT_CHUNKING),
+                       "BODY=BINARYMIME accepted without BINARYMIME and CHUNKING");
         break;
     case SMTPE_EV_RCPT:
+        FUZZ_CHECK(r->in_txn, "RCPT event outside a transaction");
         log_path(r, &ev->rcpt.forward_path);
+        fz_put_u64(&r->log, ev->rcpt.notify);
+        log_mem_span(r, ev->rcpt.orcpt_type, "rcpt.orcpt_type");
+        log_mem_span(r, ev->rcpt.orcpt, "rcpt.orcpt");
+        fz_put_u64(&r->log, (uint64_t)ev->rcpt.has_orcpt);
         log_params(r, ev->rcpt.params, ev->rcpt.param_count);
+        FUZZ_CHECK(!(ev->rcpt.notify & SMTPE_NOTIFY_NEVER) ||
+                       ev->rcpt.notify == SMTPE_NOTIFY_NEVER,
+                   "NOTIFY=NEVER combined with another value");
+        FUZZ_CHECK(no_control(ev->rcpt.orcpt), "ORCPT decoded to a control octet");
         break;
     case SMTPE_EV_DATA:
+        FUZZ_CHECK(r->in_txn && r->txn_rcpts > 0, "DATA event without a recipient");
+        FUZZ_CHECK(!r->bdat_seen && !r->txn_binary,
+                   "DATA event after BDAT or with BODY=BINARYMIME (RFC 3030)");
         r->data_start = r->consumed;
         r->msg.len = 0;
         r->logged = 0;
         break;
-    case SMTPE_EV_DATA_END:
+    case SMTPE_EV_DATA_END: {
         fz_put_u64(&r->log, ev->data_end.size);
         fz_put_u64(&r->log, (uint64_t)ev->data_end.status);
         fz_put_u64(&r->log, ev->data_end.flags);
-        check_content(r, ev);
+        fz_put_u64(&r->log, (uint64_t)ev->data_end.chunked);
+        fz_put_u64(&r->log, ev->data_end.replies);
+        FUZZ_CHECK(ev->data_end.chunked == r->bdat_seen,
+                   "DATA_END chunked disagrees with how the content came");
+        if (ev->data_end.chunked)
+            check_bdat_content(r, ev);
+        else
+            check_content(r, ev);
+        unsigned per_rcpt = cfg->lmtp ? r->txn_rcpts : 1;
+        if (ev->data_end.status == SMTPE_DATA_OK) {
+            FUZZ_CHECK(ev->data_end.replies == per_rcpt,
+                       "DATA_END replies is not one per accepted recipient (LMTP) or 1 (oracle h)");
+            r->verdicts_left = ev->data_end.replies;
+        } else {
+            /* the engine answered refused content itself: once, or under LMTP once per
+             * recipient after the end of the content; a BDAT without LAST gets one reply */
+            unsigned expect = ev->data_end.chunked && !r->bdat_last ? 1 : per_rcpt;
+            sync_out(r);
+            size_t got = r->finals - r->mark;
+            TRACE("[%s] refused content: %zu replies, replies=%u, expected %u\n",
+                  r->split ? "split" : "whole", got, ev->data_end.replies, expect);
+            FUZZ_CHECK(got == expect,
+                       "refused content answered with a number of replies other than one per "
+                       "command (a BDAT without LAST takes one reply, RFC 3030 §2; per recipient "
+                       "only after DATA's end or BDAT LAST, RFC 2033 §4.2)");
+            FUZZ_CHECK(ev->data_end.replies == got,
+                       "DATA_END replies is not the number of replies the engine gave");
+            model_reset_txn(r);
+        }
         break;
+    }
     case SMTPE_EV_VRFY: case SMTPE_EV_EXPN: case SMTPE_EV_UNKNOWN:
         FUZZ_CHECK(fz_within(ev->command.verb, r->mem, r->memsize) &&
                        fz_within(ev->command.argument, r->mem, r->memsize),
@@ -519,13 +966,86 @@ static void take_event(run *r, const smtpe_event *ev)
         fz_put_span(&r->log, ev->command.verb);
         fz_put_span(&r->log, ev->command.argument);
         break;
+    case SMTPE_EV_RSET:
+        model_reset_txn(r);
+        break;
+    case SMTPE_EV_STARTTLS:
+        FUZZ_CHECK((cfg->extensions & SMTPE_EXT_STARTTLS) && !r->tls_up && !r->in_txn,
+                   "STARTTLS event without the extension, under TLS or inside a transaction");
+        break;
+    case SMTPE_EV_AUTH:
+        take_auth(r, ev);
+        break;
+    case SMTPE_EV_BDAT:
+        fz_put_u64(&r->log, ev->bdat.size);
+        fz_put_u64(&r->log, (uint64_t)ev->bdat.last);
+        fz_put_u64(&r->log, (uint64_t)ev->bdat.first);
+        FUZZ_CHECK(cfg->extensions & SMTPE_EXT_CHUNKING, "BDAT event without CHUNKING");
+        FUZZ_CHECK(r->in_txn && r->txn_rcpts > 0,
+                   "BDAT event outside a transaction with a recipient");
+        FUZZ_CHECK(ev->bdat.first == !r->bdat_seen,
+                   "BDAT first flag disagrees with the transaction's chunks");
+        if (!r->bdat_seen) {
+            r->bdat_raw.len = 0;
+            r->msg.len = 0;
+            r->logged = 0;
+        }
+        r->bdat_seen = 1;
+        r->bdat_first = ev->bdat.first;
+        r->bdat_last = ev->bdat.last;
+        r->bdat_at = r->consumed;
+        r->bdat_size = ev->bdat.size;
+        {
+            size_t rest = c->client_len - r->consumed;
+            fz_put(&r->bdat_raw, c->client + r->consumed,
+                   ev->bdat.size < rest ? (size_t)ev->bdat.size : rest);
+        }
+        break;
+    case SMTPE_EV_CHUNK_END:
+        fz_put_u64(&r->log, ev->bdat.size);
+        FUZZ_CHECK(r->bdat_seen && !r->bdat_last && ev->bdat.size == r->bdat_size &&
+                       !ev->bdat.last && ev->bdat.first == r->bdat_first,
+                   "CHUNK_END does not match the BDAT without LAST it ends");
+        FUZZ_CHECK(r->consumed == r->bdat_at + r->bdat_size,
+                   "CHUNK_END: the engine did not consume exactly the chunk's octets");
+        break;
+    case SMTPE_EV_PROXY:
+        take_proxy(r, ev);
+        break;
+    case SMTPE_EV_PROXY_INVALID: {
+        sync_out(r);
+        FUZZ_CHECK(r->queued.len == 0, "PROXY_INVALID after a reply was queued (oracle i)");
+        FUZZ_CHECK(smtpe_server_want(r->s) == SMTPE_WANT_CLOSE,
+                   "after PROXY_INVALID the session must want to close and nothing else");
+        break;
+    }
+    case SMTPE_EV_XCLIENT: case SMTPE_EV_XFORWARD: {
+        unsigned bit = ev->type == SMTPE_EV_XCLIENT ? SMTPE_EXT_XCLIENT : SMTPE_EXT_XFORWARD;
+        FUZZ_CHECK((cfg->extensions & bit) && c->trusted && !r->in_txn,
+                   "XCLIENT/XFORWARD event without the extension, to an untrusted peer or in a "
+                   "transaction");
+        FUZZ_CHECK(ev->xclient.count >= 1 && ev->xclient.count <= SMTPE_MAX_PARAMS,
+                   "XCLIENT/XFORWARD attribute count out of 1..16");
+        fz_put_u64(&r->log, ev->xclient.count);
+        for (size_t i = 0; i < ev->xclient.count; i++) {
+            const smtpe_param *a = &ev->xclient.attrs[i];
+            log_mem_span(r, a->keyword, "xclient keyword");
+            log_mem_span(r, a->value, "xclient value");
+            FUZZ_CHECK(a->keyword.len > 0 && a->value.len > 0 && no_control(a->value),
+                       "XCLIENT/XFORWARD attribute empty or decoded to a control octet");
+        }
+        break;
+    }
     default:
         break;
     }
+    r->mark = pre;
     r->k++;
     const decision *d = decision_at(r, r->k, ev->type, nr);
     if (nr) {
         r->verdict_pending = 1;
+        r->pend_type = ev->type;
+        r->saw_421 = 0;
         r->defer_left = r->split ? d->defer : 0;
     } else {
         after_event(r, d);
@@ -534,38 +1054,182 @@ static void take_event(run *r, const smtpe_event *ev)
 
 static int send_output(run *r, int all);
 
+static unsigned default_code(smtpe_event_type t)
+{
+    switch (t) {
+    case SMTPE_EV_DATA: return 354;
+    case SMTPE_EV_STARTTLS: case SMTPE_EV_PROXY: case SMTPE_EV_XCLIENT: return 220;
+    case SMTPE_EV_AUTH: return 235;
+    case SMTPE_EV_VRFY: case SMTPE_EV_EXPN: return 252;
+    case SMTPE_EV_UNKNOWN: return 500;
+    default: return 250;
+    }
+}
+
+/* The session is under TLS: it starts afresh (RFC 3207 §4.2). */
+static void model_tls_up(run *r)
+{
+    r->tls_up = 1;
+    r->helo_ok = 0;
+    r->authenticated = 0;
+    model_reset_txn(r);
+}
+
 static void give_verdict(run *r)
 {
-    const decision *d = decision_at(r, r->k, SMTPE_EV_NONE, 1);
+    const fcase *c = r->c;
+    smtpe_event_type t = r->pend_type;
+    const decision *d = decision_at(r, r->k, t, 1);
     int rc = 0;
-    if (d->kind == K_REPLY)
-        rc = smtpe_server_reply(r->s, d->code, d->enhanced, d->text);
-    else if (d->kind == K_CLOSE) {
+    unsigned code = 0; /* the code of the reply the verdict queued; 0: a challenge */
+    int closed = 0, challenged = 0;
+
+    FUZZ_CHECK(smtpe_server_tls_started(r->s, r->now) == SMTPE_ERR_STATE,
+               "tls_started accepted while a verdict was due");
+    if (t != SMTPE_EV_AUTH || !r->auth_other)
+        FUZZ_CHECK(smtpe_server_auth_challenge(r->s, (const uint8_t *)"x", 1) == SMTPE_ERR_STATE,
+                   "auth_challenge accepted for an event that is not a passed-through AUTH");
+    if (d->kind == K_CLOSE && r->acked == 0) {
         /* A close before any octet was sent replaces the greeting: that depends on the
          * host's writes, not on the input, so both runs have sent the greeting by now. */
-        if (r->acked == 0)
-            send_output(r, 1);
-        rc = smtpe_server_close(r->s, d->code, d->enhanced, d->text);
+        send_output(r, 1);
     }
-    FUZZ_CHECK(rc == 0 || rc == SMTPE_ERR_INVALID_ARGUMENT || rc == SMTPE_ERR_REPLY_TOO_LONG,
+    sync_out(r);
+    size_t f0 = r->finals;
+    if (d->kind == K_REPLY) {
+        rc = smtpe_server_reply(r->s, d->code, d->enhanced, d->text);
+        code = d->code;
+    } else if (d->kind == K_CLOSE) {
+        rc = smtpe_server_close(r->s, d->code, d->enhanced, d->text);
+        code = d->code;
+        closed = rc == 0;
+    } else if (d->kind == K_CHALLENGE) {
+        const uint8_t *cd = d->chal_len > CHAL_MAX ? chal_big : d->chal;
+        rc = smtpe_server_auth_challenge(r->s, cd, d->chal_len);
+        if (t != SMTPE_EV_AUTH || !r->auth_other)
+            FUZZ_CHECK(rc == SMTPE_ERR_STATE, "auth_challenge accepted for PLAIN or LOGIN");
+        else if (d->chal_len > CHAL_BIG)
+            FUZZ_CHECK(rc == SMTPE_ERR_REPLY_TOO_LONG, "auth_challenge took more than 1536 octets");
+        else
+            FUZZ_CHECK(rc == 0, "auth_challenge refused a challenge of at most 1536 octets");
+        challenged = rc == 0;
+    }
+    FUZZ_CHECK(rc == 0 || rc == SMTPE_ERR_INVALID_ARGUMENT || rc == SMTPE_ERR_REPLY_TOO_LONG ||
+                   (d->kind == K_CHALLENGE && rc == SMTPE_ERR_STATE),
                "reply/close returned an error other than INVALID_ARGUMENT/REPLY_TOO_LONG");
-    TRACE("[%s] verdict kind=%d code=%u enh=%s -> %d\n", r->split ? "split" : "whole", d->kind,
-          d->code, d->enhanced ? d->enhanced : "-", rc);
+    TRACE("[%s] verdict for %d: kind=%d code=%u enh=%s -> %d\n", r->split ? "split" : "whole",
+          (int)t, d->kind, d->code, d->enhanced ? d->enhanced : "-", rc);
     fz_put_u8(&r->log, 'V');
     fz_put_u64(&r->log, (uint64_t)(int64_t)rc);
+    sync_out(r);
+    if (rc < 0)
+        FUZZ_CHECK(r->finals == f0, "a verdict call that failed queued a reply");
     if (d->kind == K_ACCEPT || rc < 0) {
         rc = smtpe_server_accept(r->s);
         FUZZ_CHECK(rc == 0, "smtpe_server_accept failed while a verdict was due");
+        code = default_code(t);
+        sync_out(r);
+    }
+    FUZZ_CHECK(r->finals == f0 + 1, "a verdict did not queue exactly one reply");
+
+    /* oracle (g): the credentials are gone once the host has answered */
+    for (size_t i = 0; i < r->nsecrets; i++)
+        for (size_t j = 0; j < r->secrets[i].len; j++)
+            FUZZ_CHECK(r->secrets[i].ptr[j] == 0,
+                       "AUTH credentials still in session memory after the host's answer "
+                       "(smtpe.h: the engine wipes them after the verdict)");
+    r->nsecrets = 0;
+    r->chal_step = challenged ? (long)r->auth_step : -1;
+
+    unsigned w = smtpe_server_want(r->s);
+    int closing = !!(w & SMTPE_WANT_CLOSE);
+    int ok = !closed && code / 100 == 2;
+    if (code == 421)
+        r->saw_421 = 1;
+    if (!closing) {
+        switch (t) {
+        case SMTPE_EV_HELO:
+            if (ok)
+                r->helo_ok = 1;
+            break;
+        case SMTPE_EV_MAIL:
+            if (ok) {
+                model_reset_txn(r);
+                r->in_txn = 1;
+                r->txn_binary = r->pend_mail_binary;
+            }
+            break;
+        case SMTPE_EV_RCPT:
+            if (ok)
+                r->txn_rcpts++;
+            break;
+        case SMTPE_EV_CHUNK_END:
+            if (!ok)
+                model_reset_txn(r);
+            break;
+        case SMTPE_EV_AUTH:
+            if (ok)
+                r->authenticated = 1;
+            break;
+        case SMTPE_EV_XCLIENT:
+            if (code == 220) {
+                r->helo_ok = 0;
+                r->authenticated = 0;
+                model_reset_txn(r);
+            }
+            break;
+        default:
+            break;
+        }
+    }
+    if (t == SMTPE_EV_DATA_END) {
+        /* oracle (h): one verdict per recipient under LMTP */
+        r->verdicts_left = closing ? 0 : r->verdicts_left - 1;
+        FUZZ_CHECK(!!(w & SMTPE_WANT_VERDICT) == (r->verdicts_left > 0),
+                   "SMTPE_WANT_VERDICT after a DATA_END verdict disagrees with the verdicts "
+                   "still owed (ev.data_end.replies)");
+        if (r->verdicts_left > 0) {
+            after_event(r, d);
+            r->mark = r->finals;
+            r->k++;
+            const decision *d2 = decision_at(r, r->k, t, 1);
+            r->defer_left = r->split ? d2->defer : 0;
+            return;
+        }
+        if (!closing)
+            model_reset_txn(r);
     }
     r->verdict_pending = 0;
     FUZZ_CHECK(smtpe_server_accept(r->s) == SMTPE_ERR_STATE,
                "a second verdict for the same event was accepted");
+    if (r->saw_421)
+        FUZZ_CHECK(w & SMTPE_WANT_CLOSE, "a 421 verdict did not make the session close "
+                                         "(smtpe_server_reply: a 421 closes the session)");
+    if (w & SMTPE_WANT_TLS) {
+        FUZZ_CHECK(t == SMTPE_EV_STARTTLS && code == 220,
+                   "SMTPE_WANT_TLS after a verdict other than STARTTLS 220");
+        size_t rest = c->client_len - r->consumed;
+        r->tls_pending = 1;
+        r->junk_left = d->junk < rest ? d->junk : rest;
+        r->tls_tries = 0;
+        TRACE("[%s] TLS wanted; %zu pre-TLS octets follow\n", r->split ? "split" : "whole",
+              r->junk_left);
+    }
+    if (t == SMTPE_EV_PROXY && c->implicit_tls && !closing) {
+        /* implicit TLS behind a proxy: the handshake follows the PROXY header */
+        int trc = smtpe_server_tls_started(r->s, r->now);
+        FUZZ_CHECK(trc == 0, "tls_started (implicit TLS) failed right after the PROXY verdict");
+        fz_put_u8(&r->log, 'I');
+        model_tls_up(r);
+    }
+    r->mark = r->finals;
     after_event(r, d);
 }
 
 /* Sends (part of) the queued output. Returns 1 if octets were acknowledged. */
 static int send_output(run *r, int all)
 {
+    sync_out(r);
     size_t len = 0;
     const uint8_t *p = smtpe_server_send_buf(r->s, &len);
     if (len == 0)
@@ -587,9 +1251,27 @@ static int send_output(run *r, int all)
         }
     }
     fz_put(&r->out, p, n);
+    if (n)
+        TRACE("[%s] sent %zu: %.*s%s", r->split ? "split" : "whole", n, (int)n, (const char *)p,
+          n && p[n - 1] == '\n' ? "" : "\n");
     FUZZ_CHECK(smtpe_server_send_ack(r->s, n) == 0, "send_ack of a valid count failed");
     r->acked += n;
     return n > 0;
+}
+
+/* The octets p[0..len) for a recv: the split run copies them to a heap block of exactly len
+ * octets (so ASan sees any read past them). */
+static const uint8_t *fed_octets(run *r, size_t len)
+{
+    if (!r->split)
+        return r->whole + r->consumed;
+    free(r->feed);
+    r->feed = malloc(len ? len : 1);
+    if (!r->feed)
+        abort();
+    memcpy(r->feed, r->c->client + r->consumed, len);
+    r->feed_len = len;
+    return r->feed;
 }
 
 /* Feeds the octets the host holds. Returns 1 if the engine consumed any or has an event. */
@@ -598,18 +1280,7 @@ static int feed_input(run *r)
     size_t len = r->avail - r->consumed;
     if (len == 0)
         return 0;
-    const uint8_t *p;
-    if (r->split) {
-        free(r->feed);
-        r->feed = malloc(len);
-        if (!r->feed)
-            abort();
-        memcpy(r->feed, r->c->client + r->consumed, len);
-        r->feed_len = len;
-        p = r->feed;
-    } else {
-        p = r->whole + r->consumed;
-    }
+    const uint8_t *p = fed_octets(r, len);
     unsigned w = smtpe_server_want(r->s);
     size_t out_before;
     (void)smtpe_server_send_buf(r->s, &out_before);
@@ -652,15 +1323,101 @@ static size_t piece(run *r)
     return n;
 }
 
+/* Oracle (f): n octets that arrived after the STARTTLS 220 and before the handshake. */
+static void feed_junk(run *r, size_t n)
+{
+    const uint8_t *p = fed_octets(r, n);
+    unsigned w0 = smtpe_server_want(r->s);
+    size_t out0, out1;
+    (void)smtpe_server_send_buf(r->s, &out0);
+    ssize_t got = smtpe_server_recv(r->s, p, n, r->now);
+    (void)smtpe_server_send_buf(r->s, &out1);
+    TRACE("[%s] pre-TLS recv(%zu) = %zd\n", r->split ? "split" : "whole", n, got);
+    FUZZ_CHECK(got == (ssize_t)n, "octets fed before tls_started were not all consumed (f)");
+    FUZZ_CHECK(out1 == out0, "octets fed before tls_started produced a reply (f)");
+    FUZZ_CHECK(smtpe_server_want(r->s) == w0,
+               "octets fed before tls_started changed what the session wants (f)");
+    smtpe_event ev;
+    FUZZ_CHECK(smtpe_server_next_event(r->s, &ev) == 0,
+               "octets fed before tls_started produced an event (f)");
+    r->consumed += n;
+    r->discarded += n;
+    r->junk_left -= n;
+}
+
+/* One step of the host between an accepted STARTTLS and smtpe_server_tls_started: feed the
+ * pre-TLS octets, send the 220, then start TLS. */
+static void tls_step(run *r)
+{
+    const fcase *c = r->c;
+    if (r->junk_left > 0) {
+        size_t have = r->avail - r->consumed;
+        if (have == 0) {
+            r->avail += r->split ? piece(r) : c->client_len - r->avail;
+            return;
+        }
+        size_t n = have < r->junk_left ? have : r->junk_left;
+        if (r->split) {
+            unsigned v = prov_u8(&r->c->pv);
+            if (v & 1)
+                n = 1 + (v >> 1) % n;
+        }
+        feed_junk(r, n);
+        return;
+    }
+    size_t len = 0;
+    (void)smtpe_server_send_buf(r->s, &len);
+    if (len > 0) {
+        FUZZ_CHECK(smtpe_server_tls_started(r->s, r->now) == SMTPE_ERR_STATE,
+                   "tls_started accepted before the STARTTLS 220 was sent");
+        send_output(r, !r->split || ++r->tls_tries > 8);
+        return;
+    }
+    int rc = smtpe_server_tls_started(r->s, r->now);
+    TRACE("[%s] tls_started = %d\n", r->split ? "split" : "whole", rc);
+    FUZZ_CHECK(rc == 0, "tls_started failed after the STARTTLS 220 was sent");
+    FUZZ_CHECK(smtpe_server_tls_started(r->s, r->now) == SMTPE_ERR_STATE,
+               "tls_started accepted a second time");
+    r->tls_pending = 0;
+    fz_put_u8(&r->log, 'T');
+    model_tls_up(r);
+    unsigned w = smtpe_server_want(r->s);
+    FUZZ_CHECK((w & SMTPE_WANT_READ) && !(w & (SMTPE_WANT_TLS | SMTPE_WANT_CLOSE)),
+               "after tls_started the session does not want to read");
+    expiry_check(r);
+}
+
+/* What the host does right after creating the session. */
+static void session_begin(run *r)
+{
+    const fcase *c = r->c;
+    r->chal_step = -1;
+    if (c->trusted)
+        FUZZ_CHECK(smtpe_server_set_trusted(r->s, 1) == 0, "set_trusted failed");
+    if (c->implicit_tls && !c->cfg.proxy_protocol) {
+        FUZZ_CHECK(smtpe_server_tls_started(r->s, r->now) == 0,
+                   "tls_started (implicit TLS) failed right after creation");
+        FUZZ_CHECK(smtpe_server_tls_started(r->s, r->now) == SMTPE_ERR_STATE,
+                   "tls_started accepted a second time");
+        model_tls_up(r);
+    }
+}
+
 static void drive(run *r)
 {
     const fcase *c = r->c;
     size_t limit = 64 * (c->client_len + 64) + 10000;
     r->avail = r->split ? 0 : c->client_len;
+    session_begin(r);
     const decision *d0 = decision_at(r, 0, SMTPE_EV_NONE, 0);
     after_event(r, d0);
     for (size_t iter = 0;; iter++) {
         FUZZ_CHECK(iter < limit, "the session does not come to rest");
+        if (r->tls_pending) {
+            check_want(r);
+            tls_step(r);
+            continue;
+        }
         int progress = 0;
         if (r->verdict_pending) {
             smtpe_event ev;
@@ -676,15 +1433,19 @@ static void drive(run *r)
             unsigned w = smtpe_server_want(r->s);
             smtpe_event ev;
             memset(&ev, 0xA5, sizeof ev);
+            sync_out(r);
+            size_t pre = r->finals;
             int got = smtpe_server_next_event(r->s, &ev);
             FUZZ_CHECK(got == 0 || got == 1, "next_event returned neither 0 nor 1");
             FUZZ_CHECK(!!(w & SMTPE_WANT_EVENT) == got, "SMTPE_WANT_EVENT disagrees with next_event");
             if (got) {
-                take_event(r, &ev);
+                take_event(r, &ev, pre);
                 progress = 1;
             }
         }
         check_want(r);
+        if (r->tls_pending)
+            continue;
         progress |= send_output(r, !r->split);
         if (r->split && r->avail < c->client_len && (prov_u8(&r->c->pv) & 3) == 0)
             r->avail += piece(r);
@@ -700,6 +1461,16 @@ static void drive(run *r)
     flush_chunks(r);
 }
 
+/* 1 if p[0..n) is base64 text (RFC 4648 §4 alphabet and padding). */
+static int is_base64(const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!((p[i] >= 'A' && p[i] <= 'Z') || (p[i] >= 'a' && p[i] <= 'z') ||
+              (p[i] >= '0' && p[i] <= '9') || p[i] == '+' || p[i] == '/' || p[i] == '='))
+            return 0;
+    return n % 4 == 0;
+}
+
 /* Oracle (b) over everything the session sent. */
 static void check_output(const uint8_t *p, size_t n)
 {
@@ -711,11 +1482,17 @@ static void check_output(const uint8_t *p, size_t n)
             j++;
         FUZZ_CHECK(j + 1 < n, "output ends in a line without CRLF");
         size_t len = j + 2 - i;
-        FUZZ_CHECK(len <= 512, "reply line longer than 512 octets");
         FUZZ_CHECK(len >= 6, "reply line too short for ^[2-5][0-9][0-9][ -]");
         FUZZ_CHECK(p[i] >= '2' && p[i] <= '5' && p[i + 1] >= '0' && p[i + 1] <= '9' &&
                        p[i + 2] >= '0' && p[i + 2] <= '9' && (p[i + 3] == ' ' || p[i + 3] == '-'),
                    "reply line does not match ^[2-5][0-9][0-9][ -]");
+        if (memcmp(p + i, "334 ", 4) == 0) {
+            /* a SASL challenge (RFC 4954 §4): base64 of up to 1536 octets */
+            FUZZ_CHECK(len <= 4 + 2048 + 2, "334 challenge longer than base64 of 1536 octets");
+            FUZZ_CHECK(is_base64(p + i + 4, len - 6), "334 challenge text is not base64");
+        } else {
+            FUZZ_CHECK(len <= 512, "reply line longer than 512 octets");
+        }
         for (size_t x = i; x < j; x++)
             FUZZ_CHECK((p[x] >= 0x20 && p[x] != 0x7f) || p[x] == '\t',
                        "control octet inside a reply line (RFC 5321 4.2: HT allowed)");
@@ -735,6 +1512,11 @@ static void finish(run *r)
     smtpe_server_get_stats(r->s, &st);
     FUZZ_CHECK(st.octets_in == r->consumed, "stats octets_in is not the octets consumed");
     FUZZ_CHECK(st.octets_out == r->acked, "stats octets_out is not the octets acknowledged");
+    FUZZ_CHECK(st.discarded_octets == r->discarded,
+               "stats discarded_octets is not the octets fed while TLS was pending (f)");
+    FUZZ_CHECK(!!st.tls == r->tls_up, "stats tls disagrees with tls_started");
+    FUZZ_CHECK(!!st.authenticated == r->authenticated,
+               "stats authenticated disagrees with the AUTH verdicts");
     fz_put_u8(&r->log, 'S');
     fz_put_u64(&r->log, st.octets_in);
     fz_put_u64(&r->log, st.octets_out);
@@ -742,6 +1524,9 @@ static void finish(run *r)
     fz_put_u64(&r->log, st.errors);
     fz_put_u64(&r->log, st.transactions);
     fz_put_u64(&r->log, st.recipients);
+    fz_put_u64(&r->log, st.discarded_octets);
+    fz_put_u64(&r->log, (uint64_t)st.tls);
+    fz_put_u64(&r->log, (uint64_t)st.authenticated);
     fz_put_u64(&r->log, r->consumed);
     unsigned w = smtpe_server_want(r->s);
     fz_put_u64(&r->log, w);
@@ -749,6 +1534,9 @@ static void finish(run *r)
                "the session at rest wants neither to read nor to close (a host would hang)");
     if (!(w & SMTPE_WANT_CLOSE))
         FUZZ_CHECK(r->consumed == r->c->client_len, "input left over in an open session");
+    sync_out(r);
+    FUZZ_CHECK(fz_eq(r->queued.p, r->queued.len, r->out.p, r->out.len),
+               "the octets sent are not the octets queued");
     check_output(r->out.p, r->out.len);
 }
 
@@ -757,6 +1545,8 @@ static void run_free(run *r)
     fz_free(&r->out);
     fz_free(&r->log);
     fz_free(&r->msg);
+    fz_free(&r->queued);
+    fz_free(&r->bdat_raw);
     free(r->feed);
 }
 
@@ -768,10 +1558,12 @@ static void make_config(fcase *c, const uint8_t *h)
                                   "X-EXTRA-KEYWORD-WITH-A-LONG-ARGUMENT "
                                   "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
                                   "aaaaaaaaaaaaaaa"};
+    static const char *mechs[] = {NULL, "PLAIN LOGIN", "PLAIN LOGIN XOAUTH2",
+                                  "X-TOKEN LOGIN CRAM-MD5 PLAIN"};
     static char longhost[256];
     static const size_t rbuf[] = {2048, 2100, 3000, 4096, 65536};
     static const size_t lmax[] = {512, 513, 600, 1000, 4096};
-    static const uint64_t t0[] = {0, 1000, (uint64_t)1 << 40};
+    static const uint64_t t0[] = {0, 1000, (uint64_t)1 << 40, (uint64_t)1 << 62};
     if (!longhost[0]) {
         memset(longhost, 'h', 255);
         for (int i = 63; i < 255; i += 64)
@@ -796,6 +1588,8 @@ static void make_config(fcase *c, const uint8_t *h)
     case 3: cfg->command_timeout_ms = 1000; cfg->data_timeout_ms = 0; break;
     default: break;
     }
+    c->trusted = (h[1] >> 6) & 1;
+    c->implicit_tls = (h[1] >> 7) & 1;
     if (h[2] >= 64)
         cfg->max_message_size = (uint64_t)(h[2] - 64) * 8 + 1;
     else if (h[2] >= 32)
@@ -806,10 +1600,15 @@ static void make_config(fcase *c, const uint8_t *h)
         cfg->max_recipients = h[3];
     if (h[4] < 128)
         cfg->max_errors = h[4] % 6;
-    cfg->extensions = h[5] & 0x1f;
+    cfg->extensions = h[5] | (unsigned)(h[15] & 0x3f) << 8;
+    cfg->auth_mechanisms = mechs[h[15] >> 6];
     cfg->reply_buffer_size = rbuf[h[6] % 5];
     cfg->max_line_length = lmax[h[7] % 5];
-    c->t0 = t0[h[14] % 3];
+    c->t0 = t0[h[14] & 3];
+    cfg->auth_without_tls = (h[14] >> 2) & 1;
+    cfg->require_tls = (h[14] >> 3) & 1;
+    cfg->lmtp = (h[14] >> 4) & 1;
+    cfg->proxy_protocol = (h[14] >> 5) & 1;
 }
 
 /* The creation paths and their errors; oracle (d) for the allocator-less ones. */
@@ -853,8 +1652,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     c.client_len = body - dlen;
     c.pv.p = data + HDR + c.client_len;
     c.pv.n = dlen;
-    c.pv.x = 0x9E3779B97F4A7C15ull ^ ((uint64_t)h[10] | (uint64_t)h[11] << 8 |
-                                      (uint64_t)h[12] << 16 | (uint64_t)h[13] << 24);
+    /* splitmix64 of the seed, so that nearby seeds give unrelated decisions */
+    uint64_t x = 0x9E3779B97F4A7C15ull * (1 + ((uint64_t)h[10] | (uint64_t)h[11] << 8 |
+                                               (uint64_t)h[12] << 16 | (uint64_t)h[13] << 24));
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    c.pv.x = (x ^ (x >> 31)) | 1;
 
     size_t memsize = smtpe_server_memory_size(&c.cfg);
     if (memsize == 0) {

@@ -203,4 +203,55 @@ static inline void fz_check_path(const smtpe_path *pa, const void *base, size_t 
         FUZZ_CHECK(pa->flags & SMTPE_PATH_UTF8, "path: non-ASCII mailbox without the UTF8 flag");
 }
 
+/* BDAT content (RFC 3030 §2) under the line-ending policies, as the reference the oracles compare
+ * the engine against. The chunks of a message are one text: p[0..n) is their concatenation.
+ * A bare CR is a CR not followed by LF (so a CR that ends the text is bare), a bare LF one not
+ * preceded by CR. */
+static inline int fz_bare_at(const uint8_t *p, size_t n, size_t i)
+{
+    if (p[i] == 0)
+        return 1;
+    if (p[i] == '\r')
+        return i + 1 >= n || p[i + 1] != '\n';
+    if (p[i] == '\n')
+        return i == 0 || p[i - 1] != '\r';
+    return 0;
+}
+
+/* The offset of the first bare CR, bare LF or NUL in p[0..n), or n if there is none. */
+static inline size_t fz_first_bare(const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (fz_bare_at(p, n, i))
+            return i;
+    return n;
+}
+
+/* How many bare CR, bare LF and NUL octets p[0..n) holds. */
+static inline size_t fz_count_bare(const uint8_t *p, size_t n)
+{
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++)
+        c += (size_t)fz_bare_at(p, n, i);
+    return c;
+}
+
+/* SMTPE_LINE_ENDING_NORMALISE applied to p[0..n): a bare CR or bare LF becomes CRLF, a NUL is
+ * removed, CRLF and every other octet are kept. */
+static inline void fz_normalise(fz_buf *out, const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] == 0)
+            continue;
+        if (p[i] == '\r' && i + 1 < n && p[i + 1] == '\n') {
+            fz_put(out, "\r\n", 2);
+            i++;
+        } else if (p[i] == '\r' || p[i] == '\n') {
+            fz_put(out, "\r\n", 2);
+        } else {
+            fz_put_u8(out, p[i]);
+        }
+    }
+}
+
 #endif

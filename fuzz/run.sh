@@ -102,6 +102,7 @@ max_len() {
     case $1 in
     fuzz_session) echo 4096 ;;
     fuzz_data) echo 4096 ;;
+    fuzz_bdat) echo 2048 ;;
     fuzz_reply) echo 2200 ;;
     fuzz_command) echo 2048 ;;
     *) echo 600 ;;

@@ -7,8 +7,11 @@
  *                                          the file's @settings, then what the client sends
  *   transcript_seed command FILE.txt OUT   a fuzz_command input: policy, defaults, client octets
  *
- * Only the settings and the client lines (C:, B:) are used; the host decisions of a session
- * seed come from the header's seed, so they are not the file's H: verdicts.
+ * Only the settings, the client lines (C:, B:) and a TLS line before anything else (implicit
+ * TLS) are used; the host decisions of a session seed come from the header's seed, so they are
+ * not the file's H: verdicts, and a STARTTLS handshake comes where those decisions put it.
+ * @auth_mechanisms picks the nearest of the session target's lists ("PLAIN LOGIN", "PLAIN
+ * LOGIN XOAUTH2", "X-TOKEN LOGIN CRAM-MD5 PLAIN").
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -59,10 +62,14 @@ static unsigned closest(unsigned long v, const unsigned long *list, unsigned n)
     return best;
 }
 
+/* SMTPE_EXT_* in bit order: bits 0-7 go to header octet 5, bits 8-13 to bits 0-5 of octet 15 */
 static unsigned extensions(const char *arg, unsigned mask)
 {
     static const char *names[] = {"PIPELINING", "SIZE", "8BITMIME", "SMTPUTF8",
-                                  "ENHANCEDSTATUSCODES"};
+                                  "ENHANCEDSTATUSCODES", "STARTTLS", "CHUNKING", "BINARYMIME",
+                                  "DSN", "REQUIRETLS", "MT-PRIORITY", "DELIVERBY", "XCLIENT",
+                                  "XFORWARD"};
+    const unsigned nnames = sizeof names / sizeof names[0];
     char buf[512];
     snprintf(buf, sizeof buf, "%s", arg);
     for (char *t = strtok(buf, " \t"); t; t = strtok(NULL, " \t")) {
@@ -77,7 +84,7 @@ static unsigned extensions(const char *arg, unsigned mask)
         int sign = *t == '-' ? -1 : 1;
         if (*t == '+' || *t == '-')
             t++;
-        for (unsigned i = 0; i < 5; i++)
+        for (unsigned i = 0; i < nnames; i++)
             if (!strcmp(t, names[i]))
                 mask = sign > 0 ? mask | 1u << i : mask & ~(1u << i);
     }
@@ -98,6 +105,8 @@ int main(int argc, char **argv)
     static const unsigned long rbuf[] = {2048, 2100, 3000, 4096, 65536};
     static const unsigned long lmax[] = {512, 513, 600, 1000, 4096};
     uint8_t h[16] = {0, 0, 0, 128, 128, 0x1f, 3, 0};
+    unsigned ext = 0x1f;
+    int actions = 0; /* a non-setting line was seen */
     static uint8_t client[1 << 20];
     size_t n = 0;
     static char line[1 << 16];
@@ -127,7 +136,24 @@ int main(int argc, char **argv)
             else if (!strncmp(line, "@max_errors", 11))
                 h[4] = v <= 5 ? (uint8_t)v : 128;
             else if (!strncmp(line, "@extensions", 11))
-                h[5] = (uint8_t)extensions(arg, h[5]);
+                ext = extensions(arg, ext);
+            else if (!strncmp(line, "@auth_mechanisms", 16))
+                /* the target's lists: "PLAIN LOGIN", "PLAIN LOGIN XOAUTH2", others */
+                h[15] = (uint8_t)((h[15] & 0x3f) |
+                                  (strstr(arg, "XOAUTH2")                                ? 2u
+                                   : strspn(arg, "PLAINLOG ") == strlen(arg) && arg[0] ? 1u
+                                                                                       : 3u)
+                                      << 6);
+            else if (!strncmp(line, "@auth_without_tls", 17))
+                h[14] |= v ? 0x04 : 0;
+            else if (!strncmp(line, "@require_tls", 12))
+                h[14] |= v ? 0x08 : 0;
+            else if (!strncmp(line, "@lmtp", 5))
+                h[14] |= v ? 0x10 : 0;
+            else if (!strncmp(line, "@proxy_protocol", 15))
+                h[14] |= v ? 0x20 : 0;
+            else if (!strncmp(line, "@trusted", 8))
+                h[1] |= v ? 0x40 : 0;
             else if (!strncmp(line, "@reply_buffer_size", 18))
                 h[6] = (uint8_t)closest(v, rbuf, 5);
             else if (!strncmp(line, "@max_line_length", 16))
@@ -135,6 +161,12 @@ int main(int argc, char **argv)
             else if (!strncmp(line, "@command_timeout", 16) || !strncmp(line, "@data_timeout", 13))
                 h[1] = (uint8_t)((h[1] & ~0x30) | (v == 0 ? 0x10 : v <= 1000 ? 0x20 : 0));
             continue;
+        }
+        if (line[0] && line[0] != '#') {
+            /* "TLS" before anything else (before the greeting is sent): implicit TLS */
+            if (!actions && !strcmp(line, "TLS"))
+                h[1] |= 0x80;
+            actions = 1;
         }
         if ((line[0] == 'C' || line[0] == 'B') && line[1] == ':') {
             if (n + 2 * l + 2 > sizeof client)
@@ -147,6 +179,8 @@ int main(int argc, char **argv)
         }
     }
     fclose(in);
+    h[5] = (uint8_t)ext;
+    h[15] = (uint8_t)((h[15] & 0xc0) | ((ext >> 8) & 0x3f));
     h[10] = (uint8_t)seed;
     h[11] = (uint8_t)(seed >> 8);
     h[12] = (uint8_t)(seed >> 16);

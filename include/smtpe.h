@@ -92,7 +92,9 @@ typedef struct smtpe_allocator {
 typedef enum smtpe_line_ending_policy {
     /* Default. A command line holding one is answered 500 5.5.2 and not executed (the line still
      * ends only at CRLF). Message content holding one is read to its end and then refused with
-     * 550 5.6.0; the DATA_END event says why and no further DATA_CHUNK events are given. */
+     * 550 5.6.0; the DATA_END event says why and no further DATA_CHUNK events are given. By
+     * BDAT the message ends (refused) with the chunk that holds one, like a chunk that crosses
+     * max_message_size; later chunks of it are swallowed and answered 503. */
     SMTPE_LINE_ENDING_REFUSE = 0,
     /* In command lines a bare LF or bare CR ends the line as CRLF would; NUL is removed. In
      * message content a bare LF or bare CR is delivered as CRLF and a NUL is removed; such a
@@ -480,8 +482,9 @@ SMTPE_EXTERN int smtpe_server_accept(smtpe_server *s);
  * CVE-2011-0411; their count is in stats.discarded_octets), runs the TLS handshake itself
  * (the engine keeps no timer meanwhile), and calls this function once TLS is up. The session
  * then starts afresh: no HELO, no transaction, no AUTH; STARTTLS is no longer offered. Called
- * before the session has consumed or sent any octet, it marks the session as running under TLS
- * from the start (port 465). now_ms restarts the command timeout.
+ * before the session has sent any octet or read any command (after the PROXY verdict, if
+ * proxy_protocol is on, since the PROXY header comes before the TLS handshake), it marks the
+ * session as running under TLS from the start (port 465). now_ms restarts the command timeout.
  * Returns 0, SMTPE_ERR_INVALID_ARGUMENT or SMTPE_ERR_STATE (no handshake was asked for and the
  * session is under way, or TLS is already up). */
 SMTPE_EXTERN int smtpe_server_tls_started(smtpe_server *s, uint64_t now_ms);
