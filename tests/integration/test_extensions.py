@@ -15,7 +15,6 @@ Needs the openssl command, swaks (with Net::SSLeay) and haproxy (tests/deps.sh i
 without them the tests that use them fail, never skip.
 """
 
-import argparse
 import base64
 import os
 import re
@@ -1221,37 +1220,5 @@ class TestHardening(Base):
 
 
 # ------------------------------------------------------------------------------------------------
-def main():
-    here = os.path.dirname(os.path.abspath(__file__))
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("server", nargs="?", default=os.environ.get("SMTPE_SERVER") or
-                    os.path.join(here, "..", "..", "build", "smtpe-server"))
-    ap.add_argument("-k", action="append", default=[], help="only tests matching this pattern")
-    ap.add_argument("-q", action="store_true", help="less output")
-    a = ap.parse_args()
-    ts.SERVER = os.path.abspath(a.server)
-    if not os.access(ts.SERVER, os.X_OK):
-        print("smtpe-server not found or not executable: %s" % ts.SERVER, file=sys.stderr)
-        print("0 passed, 1 failed")
-        return 1
-    loader = unittest.TestLoader()
-    if a.k:
-        loader.testNamePatterns = ["*%s*" % k for k in a.k]
-    suite = loader.loadTestsFromModule(sys.modules[__name__])
-    runner = unittest.TextTestRunner(stream=sys.stdout, verbosity=1 if a.q else 2,
-                                     resultclass=ts.Result)
-    t0 = time.monotonic()
-    res = runner.run(suite)
-    failed = len(res.failures) + len(res.errors) + len(res.unexpectedSuccesses)
-    skipped = len(res.skipped)
-    passed = res.testsRun - failed - skipped
-    line = "%d passed, %d failed" % (passed, failed)
-    if skipped:
-        line += ", %d skipped" % skipped
-    print(line)
-    sys.stdout.flush()
-    return 1 if failed or res.testsRun == 0 else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(ts.main(sys.modules[__name__]))

@@ -1581,10 +1581,13 @@ class Result(unittest.TextTestResult):
         self._dump(test)
 
 
-def main():
+def main(module=None):
+    """Runs the tests of module (default: this one) against the server named on the command
+    line and prints "N passed, N failed"; test_extensions.py runs through this too."""
     global SERVER
+    module = module or sys.modules[__name__]
     here = os.path.dirname(os.path.abspath(__file__))
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=module.__doc__.split("\n")[0])
     ap.add_argument("server", nargs="?", default=os.environ.get("SMTPE_SERVER") or
                     os.path.join(here, "..", "..", "build", "smtpe-server"))
     ap.add_argument("-k", action="append", default=[], help="only tests matching this pattern")
@@ -1598,7 +1601,7 @@ def main():
     loader = unittest.TestLoader()
     if a.k:
         loader.testNamePatterns = ["*%s*" % k for k in a.k]
-    suite = loader.loadTestsFromModule(sys.modules[__name__])
+    suite = loader.loadTestsFromModule(module)
     runner = unittest.TextTestRunner(stream=sys.stdout, verbosity=1 if a.q else 2,
                                      resultclass=Result)
     res = runner.run(suite)
