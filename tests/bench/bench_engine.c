@@ -322,31 +322,41 @@ static void make_bigbody(bigbody *b, size_t target)
     b->content = content;
 }
 
-static double bench_data(const smtpe_server_config *cfg, const bigbody *b, size_t read_size,
-                         host *h)
+/* Opens a session, sends the commands cmds[0..n) (which must end in a reply of ready_code), then
+ * feeds the message b in read_size pieces and checks its content and the final 250. Returns the
+ * seconds the message took. what names the measurement in failures. */
+static double bench_message(const smtpe_server_config *cfg, const char *const *cmds, size_t n,
+                            const char *ready_code, const bigbody *b, size_t read_size, host *h,
+                            const char *what)
 {
     size_t size = smtpe_server_memory_size(cfg);
     void *mem = malloc(size);
     if (!mem)
         abort();
     smtpe_server *s = open_session(cfg, mem, size, h);
-    host_feed(s, h, (const uint8_t *)cmd_mail, strlen(cmd_mail), 0);
-    host_feed(s, h, (const uint8_t *)cmd_rcpt, strlen(cmd_rcpt), 0);
-    host_feed(s, h, (const uint8_t *)cmd_data, strlen(cmd_data), 0);
-    EXPECT(code_is(h, "354"), "DATA reply before the big body");
+    for (size_t i = 0; i < n; i++)
+        host_feed(s, h, (const uint8_t *)cmds[i], strlen(cmds[i]), 0);
+    EXPECT(code_is(h, ready_code), "%s: no %s before the message", what, ready_code);
     uint64_t before = h->content;
     int ends = h->data_end_ok;
     double t0 = now_s();
     for (size_t off = 0; off < b->len; off += read_size) {
-        size_t n = b->len - off < read_size ? b->len - off : read_size;
-        host_feed(s, h, b->p + off, n, 0);
+        size_t k = b->len - off < read_size ? b->len - off : read_size;
+        host_feed(s, h, b->p + off, k, 0);
     }
     double t = now_s() - t0;
-    EXPECT(h->content - before == b->content, "big body: %llu content octets, want %zu",
+    EXPECT(h->content - before == b->content, "%s: %llu content octets, want %zu", what,
            (unsigned long long)(h->content - before), b->content);
-    EXPECT(h->data_end_ok == ends + 1 && code_is(h, "250"), "big body: no 250 after the end");
+    EXPECT(h->data_end_ok == ends + 1 && code_is(h, "250"), "%s: no 250 after the end", what);
     free(mem);
     return t;
+}
+
+static double bench_data(const smtpe_server_config *cfg, const bigbody *b, size_t read_size,
+                         host *h)
+{
+    const char *cmds[] = {cmd_mail, cmd_rcpt, cmd_data};
+    return bench_message(cfg, cmds, 3, "354", b, read_size, h, "big body");
 }
 
 /* 4. BDAT throughput (RFC 3030): the same content as the DATA body, unstuffed, sent as
@@ -388,27 +398,8 @@ static void make_bdat_wire(bigbody *w, const bigbody *b, size_t chunk)
 static double bench_bdat(const smtpe_server_config *cfg, const char *mail, const bigbody *w,
                          size_t read_size, host *h)
 {
-    size_t size = smtpe_server_memory_size(cfg);
-    void *mem = malloc(size);
-    if (!mem)
-        abort();
-    smtpe_server *s = open_session(cfg, mem, size, h);
-    host_feed(s, h, (const uint8_t *)mail, strlen(mail), 0);
-    host_feed(s, h, (const uint8_t *)cmd_rcpt, strlen(cmd_rcpt), 0);
-    EXPECT(code_is(h, "250"), "RCPT before BDAT");
-    uint64_t before = h->content;
-    int ends = h->data_end_ok;
-    double t0 = now_s();
-    for (size_t off = 0; off < w->len; off += read_size) {
-        size_t n = w->len - off < read_size ? w->len - off : read_size;
-        host_feed(s, h, w->p + off, n, 0);
-    }
-    double t = now_s() - t0;
-    EXPECT(h->content - before == w->content, "BDAT: %llu content octets, want %zu",
-           (unsigned long long)(h->content - before), w->content);
-    EXPECT(h->data_end_ok == ends + 1 && code_is(h, "250"), "BDAT: no 250 after LAST");
-    free(mem);
-    return t;
+    const char *cmds[] = {mail, cmd_rcpt};
+    return bench_message(cfg, cmds, 2, "250", w, read_size, h, "BDAT");
 }
 
 static double bench_memcpy(const bigbody *b, size_t read_size, host *h)
