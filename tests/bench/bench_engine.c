@@ -548,6 +548,7 @@ int main(int argc, char **argv)
     printf("host: %llu reply octets sent, %llu content octets stored (checksum %u)\n",
            (unsigned long long)h.out_octets, (unsigned long long)h.content, sum);
     free(big.p);
+    free(wire.p);
     if (failures) {
         fprintf(stderr, "bench: %d checks failed\n", failures);
         return 1;
