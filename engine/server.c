@@ -310,11 +310,19 @@ static void default_free(void *p, void *ud)
     free(p);
 }
 
+/* The greeting: 220 <hostname> <text>, no enhanced code (RFC 5321 §4.2, §3.1). */
+static int greeting(smtpe_server *s, const char *text)
+{
+    char buf[256 + 1 + SMTPE__REPLY_TOTAL_MAX + 1]; /* hostname, SP, host text, NUL */
+    int n = snprintf(buf, sizeof buf, "%s %s", s->cfg->hostname, text);
+    if (n < 0 || (size_t)n >= sizeof buf)
+        return SMTPE_ERR_REPLY_TOO_LONG;
+    return out_reply(s, 220, NULL, buf, (size_t)n, 0);
+}
+
 static void session_setup(smtpe_server *s, const smtpe_server_config *cfg, const layout *l,
                           uint64_t now_ms)
 {
-    char buf[512];
-    int n;
     memset(s, 0, sizeof *s);
     s->cfg = cfg;
     s->line.buf = (uint8_t *)s + l->head;
@@ -328,8 +336,7 @@ static void session_setup(smtpe_server *s, const smtpe_server_config *cfg, const
         smtpe__proxy_start(&s->proxy);
         return;
     }
-    n = snprintf(buf, sizeof buf, "%s %s", cfg->hostname, cfg->greeting_text);
-    (void)out_reply(s, 220, NULL, buf, (size_t)n, 0); /* RFC 5321 §4.2: no enhanced code */
+    (void)greeting(s, cfg->greeting_text);
 }
 
 int smtpe_server_init(smtpe_server **out, void *mem, size_t len, const smtpe_server_config *cfg,
@@ -401,15 +408,6 @@ static void auth_end(smtpe_server *s)
     s->auth_user_len = 0;
 }
 
-/* The greeting: 220 <hostname> <text> (RFC 5321 §4.2, §3.1). */
-static int greeting(smtpe_server *s, const char *text)
-{
-    char buf[256 + 1 + SMTPE__REPLY_TOTAL_MAX + 1]; /* hostname, SP, host text, NUL */
-    int n = snprintf(buf, sizeof buf, "%s %s", s->cfg->hostname, text);
-    if (n < 0 || (size_t)n >= sizeof buf)
-        return SMTPE_ERR_REPLY_TOO_LONG;
-    return out_reply(s, 220, NULL, buf, (size_t)n, 0);
-}
 
 /* ------------------------------------------------------------------------------------------
  * Commands (RFC 5321 §4.1.1)
@@ -566,11 +564,10 @@ static int auth_offered(const smtpe_server *s)
     return s->cfg->auth_mechanisms && (s->tls || s->cfg->auth_without_tls);
 }
 
-/* The extensions in force for this session: those configured, less the ones that need EHLO
- * or a state the session is not in. */
-static unsigned session_ext(const smtpe_server *s)
+/* The extensions configured, less those the session's state rules out (TLS, trust). */
+static unsigned offered_ext(const smtpe_server *s)
 {
-    unsigned ext = s->helo == HELO_ESMTP ? s->cfg->extensions : 0;
+    unsigned ext = s->cfg->extensions;
     if (!s->tls)
         ext &= ~SMTPE_EXT_REQUIRETLS;
     if (s->tls)
@@ -580,6 +577,12 @@ static unsigned session_ext(const smtpe_server *s)
     if (!s->trusted)
         ext &= ~(SMTPE_EXT_XCLIENT | SMTPE_EXT_XFORWARD);
     return ext;
+}
+
+/* The extensions in force: what offered_ext() gives, once EHLO (or LHLO) was accepted. */
+static unsigned session_ext(const smtpe_server *s)
+{
+    return s->helo == HELO_ESMTP ? offered_ext(s) : 0;
 }
 
 /* Interprets one MAIL parameter (RFC 1870 SIZE, RFC 6152 / RFC 3030 BODY, RFC 6531 SMTPUTF8,
@@ -1466,14 +1469,10 @@ int smtpe_event_needs_reply(const smtpe_event *ev)
 static int ehlo_reply(smtpe_server *s, unsigned code, const char *first)
 {
     const smtpe_server_config *c = s->cfg;
-    int helo = s->helo;
-    unsigned ext;
+    unsigned ext = offered_ext(s);
     char size[40], auth[8 + 200];
     const char *lines[16 + 64];
     size_t n = 0, at;
-    s->helo = HELO_ESMTP; /* session_ext() answers for an EHLO session */
-    ext = session_ext(s);
-    s->helo = helo;
     lines[n++] = first;
     if (c->extensions & SMTPE_EXT_PIPELINING)
         lines[n++] = "PIPELINING";
