@@ -18,7 +18,6 @@
 #endif
 
 #define AUTH_FILE_MAX (16u << 20) /* largest user file read */
-#define AUTH_PASSWORD_MAX 1024    /* longest password checked; longer ones never match */
 
 struct auth_entry {
     const char *user;

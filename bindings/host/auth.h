@@ -19,6 +19,7 @@
 
 #define AUTH_UNAVAILABLE_TEXT "AUTH unavailable: smtpe-server was built without libcrypt"
 #define AUTH_USER_MAX 255 /* longest user name kept (the engine's LOGIN limit) */
+#define AUTH_PASSWORD_MAX 1024 /* longest password checked; longer ones never match */
 
 struct auth_db;
 

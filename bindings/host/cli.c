@@ -44,6 +44,9 @@ enum {
     OPT_NO_REQUIRETLS,
     OPT_NO_MT_PRIORITY,
     OPT_NO_DELIVERBY,
+    OPT_WORKERS,
+    OPT_REPLY_DELAY,
+    OPT_JOB_THREADS,
     OPT_HELP
 };
 
@@ -76,6 +79,9 @@ static const struct option long_options[] = {
     {"no-requiretls", no_argument, NULL, OPT_NO_REQUIRETLS},
     {"no-mt-priority", no_argument, NULL, OPT_NO_MT_PRIORITY},
     {"no-deliverby", no_argument, NULL, OPT_NO_DELIVERBY},
+    {"workers", required_argument, NULL, OPT_WORKERS},
+    {"reply-delay-ms", required_argument, NULL, OPT_REPLY_DELAY},
+    {"job-threads", required_argument, NULL, OPT_JOB_THREADS},
     {"help", no_argument, NULL, OPT_HELP},
     {NULL, 0, NULL, 0},
 };
@@ -98,7 +104,18 @@ void cli_usage(FILE *f)
           "  --max-clients N            concurrent sessions; more get 421 4.7.0 (default 1000)\n"
           "  --domain D                 accept recipients in domain D only (repeatable; default\n"
           "                             any); <postmaster> is always accepted\n"
-          "  --model NAME               host model: epoll (default epoll)\n"
+          "  --model NAME               host model (default epoll):\n"
+          "                               epoll      one thread, one event loop\n"
+          "                               prefork    --workers processes, each an event\n"
+          "                                          loop on the one shared listener\n"
+          "                               reuseport  --workers threads, each an event loop\n"
+          "                                          with its own SO_REUSEPORT listener\n"
+          "                               threads    one blocking thread per connection\n"
+          "  --workers N                prefork and reuseport: event loops (default: cores)\n"
+          "  --job-threads N            event models: threads per loop for fsync and\n"
+          "                             crypt(3), so the loop never waits (default 4)\n"
+          "  --reply-delay-ms N         hold each reply N ms before sending it (benchmarks:\n"
+          "                             a slow server), other sessions go on (default 0)\n"
           "  --line-ending POLICY       bare CR/LF/NUL: refuse, normalise or keep (default refuse)\n"
           "  --command-timeout-ms N     wait for a command line, 0 for none (default 300000)\n"
           "  --data-timeout-ms N        wait for message content, 0 for none (default 180000)\n"
@@ -195,6 +212,11 @@ static void set_defaults(struct host_options *o)
     o->model = "epoll";
     o->line_ending = SMTPE_LINE_ENDING_REFUSE;
     o->drain_seconds = 10;
+    o->job_threads = 4;
+    {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        o->workers = n < 1 ? 1 : n > 256 ? 256 : (unsigned)n;
+    }
     if (gethostname(o->hostname, sizeof o->hostname) < 0 ||
         o->hostname[sizeof o->hostname - 1] != '\0' || !valid_hostname(o->hostname))
         strcpy(o->hostname, "localhost");
@@ -248,7 +270,24 @@ static int apply(struct host_options *o, int opt, const char *arg)
             return usage_error("--domain needs a domain", NULL);
         o->domains[o->domain_count++] = arg;
         return CLI_RUN;
-    case OPT_MODEL: o->model = arg; return CLI_RUN;
+    case OPT_MODEL:
+        if (strcmp(arg, "epoll") != 0 && strcmp(arg, "prefork") != 0 &&
+            strcmp(arg, "reuseport") != 0 && strcmp(arg, "threads") != 0)
+            return usage_error("bad --model (epoll, prefork, reuseport or threads)", arg);
+        o->model = arg;
+        return CLI_RUN;
+    case OPT_WORKERS:
+    case OPT_JOB_THREADS:
+        if (parse_number(arg, 1, 256, &v) < 0)
+            return usage_error(opt == OPT_WORKERS ? "bad --workers (1-256)"
+                                                  : "bad --job-threads (1-256)",
+                               arg);
+        *(opt == OPT_WORKERS ? &o->workers : &o->job_threads) = (unsigned)v;
+        return CLI_RUN;
+    case OPT_REPLY_DELAY:
+        if (parse_number(arg, 0, 600000, &o->reply_delay_ms) < 0)
+            return usage_error("bad --reply-delay-ms (0-600000)", arg);
+        return CLI_RUN;
     case OPT_LINE_ENDING:
         if (parse_line_ending(arg, &o->line_ending) < 0)
             return usage_error("bad --line-ending (refuse, normalise or keep)", arg);
@@ -328,6 +367,9 @@ static int check_combinations(const struct host_options *o)
         return usage_error("--require-tls needs STARTTLS (--tls-cert and --tls-key)", NULL);
     if (o->proxy_from_count > 0 && !o->proxy_protocol)
         return usage_error("--proxy-from needs --proxy-protocol", NULL);
+    if (strcmp(o->model, "reuseport") == 0 &&
+        ((const struct sockaddr *)&o->listen_addr)->sa_family == AF_UNIX)
+        return usage_error("--model reuseport needs a TCP --listen (SO_REUSEPORT)", NULL);
     if (o->auth_users != NULL && !auth_available())
         return unavailable(AUTH_UNAVAILABLE_TEXT);
     if (o->auth_users != NULL && o->tls_cert == NULL && !o->auth_plaintext_ok)

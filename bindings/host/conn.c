@@ -32,7 +32,6 @@
 #include "session.h"
 #include "tls.h"
 
-#define CONN_INPUT_BUF 16384
 #define CONN_LINGER_MS 10000u       /* closing or client gone: time left to send the last reply */
 #define CONN_SEND_TIMEOUT_MS 300000u /* replies queued and not read, when no command timeout */
 
@@ -53,15 +52,23 @@ struct conn {
     unsigned write_needs; /* CONN_READ: the last TLS write waits for readability, else 0 */
     uint64_t start_ms;
     uint64_t out_since;   /* when the output now queued started waiting; 0: none queued */
+    uint64_t hold_until;  /* --reply-delay-ms: queued output goes out at this time; 0: none */
+    int held;             /* output is queued and held until hold_until */
     uint64_t bytes_in, bytes_out;
+    void *user;           /* the model's */
+    /* Input: the loop's scratch buffer while a call runs; octets the engine leaves (pipelined
+     * commands behind replies the client does not read) move to own, allocated on first need
+     * and kept. Between calls, unconsumed input is always in own. */
+    uint8_t *scratch;
+    uint8_t *own;
+    uint8_t *in;           /* scratch or own */
     size_t in_off, in_len; /* unconsumed input is in[in_off..in_len) */
     struct session ss;
-    uint8_t in[CONN_INPUT_BUF];
     max_align_t engine[];  /* smtpe_server_init memory */
 };
 
-struct conn *conn_new(const struct host_ctx *ctx, int fd, const struct sockaddr *peer,
-                      uint64_t now_ms)
+struct conn *conn_new(const struct host_ctx *ctx, struct job_pool *pool, uint8_t *scratch,
+                      int fd, const struct sockaddr *peer, uint64_t now_ms)
 {
     struct conn *c = malloc(sizeof *c + ctx->session_mem);
     int rc;
@@ -77,9 +84,14 @@ struct conn *conn_new(const struct host_ctx *ctx, int fd, const struct sockaddr 
     c->read_needs = c->write_needs = 0;
     c->start_ms = now_ms;
     c->out_since = 0;
+    c->hold_until = 0;
+    c->held = 0;
     c->bytes_in = c->bytes_out = 0;
+    c->user = NULL;
+    c->scratch = c->in = scratch;
+    c->own = NULL;
     c->in_off = c->in_len = 0;
-    session_init(&c->ss, ctx, peer);
+    session_init(&c->ss, ctx, pool, peer);
     rc = smtpe_server_init(&c->s, c->engine, ctx->session_mem, &ctx->cfg, now_ms);
     if (rc == 0)
         rc = session_start(&c->ss, c->s, peer);
@@ -95,6 +107,16 @@ struct conn *conn_new(const struct host_ctx *ctx, int fd, const struct sockaddr 
 int conn_fd(const struct conn *c)
 {
     return c->fd;
+}
+
+void conn_set_user(struct conn *c, void *user)
+{
+    c->user = user;
+}
+
+void *conn_user(const struct conn *c)
+{
+    return c->user;
 }
 
 static unsigned fail(struct conn *c, const char *end)
@@ -139,16 +161,27 @@ static ssize_t sock_send(struct conn *c, const uint8_t *p, size_t len)
     }
 }
 
-/* Sends queued output until done or the socket is full. Returns octets sent, or -1. */
+/* Sends queued output until done, the socket is full or (--reply-delay-ms) the output is
+ * held. Returns octets sent, or -1. */
 static ssize_t flush(struct conn *c, uint64_t now_ms)
 {
     size_t total = 0, len;
+    uint64_t delay = c->ctx->opt.reply_delay_ms;
 
+    c->held = 0;
     for (;;) {
         const uint8_t *out = smtpe_server_send_buf(c->s, &len);
         ssize_t w;
         if (len == 0)
             break;
+        if (delay > 0) {
+            if (c->hold_until == 0)
+                c->hold_until = now_ms + delay;
+            if (now_ms < c->hold_until) {
+                c->held = 1;
+                break;
+            }
+        }
         w = sock_send(c, out, len);
         if (w == IO_AGAIN)
             break;
@@ -158,9 +191,10 @@ static ssize_t flush(struct conn *c, uint64_t now_ms)
         total += (size_t)w;
         c->bytes_out += (uint64_t)w;
     }
-    if (len == 0)
+    if (len == 0) {
         c->out_since = 0;
-    else if (total > 0 || c->out_since == 0)
+        c->hold_until = 0;
+    } else if (total > 0 || c->out_since == 0)
         c->out_since = now_ms;
     return (ssize_t)total;
 }
@@ -182,9 +216,11 @@ static int pump(struct conn *c, uint64_t now_ms)
         }
         while ((rc = smtpe_server_next_event(c->s, &ev)) == 1) {
             took = 1;
-            rc = session_on_event(&c->ss, c->s, &ev);
+            rc = session_on_event(&c->ss, c->s, &ev, c);
             if (rc < 0)
                 return rc;
+            if (rc == SESSION_WAIT) /* the verdict comes with conn_on_job */
+                break;
         }
         if (rc < 0)
             return rc;
@@ -209,23 +245,23 @@ static unsigned readiness(const struct conn *c, int input, int output)
     return bits;
 }
 
-/* What to wait for now. */
+/* What to wait for now; 0 for nothing but the timer (held output) or the job. */
 static unsigned interest(struct conn *c)
 {
     unsigned want = smtpe_server_want(c->s);
-    int out = pending_output(c) > 0;
+    int pending = pending_output(c) > 0, out = pending && !c->held;
 
-    if ((want & SMTPE_WANT_CLOSE) || c->eof) {
-        if (out)
-            return readiness(c, 0, 1);
+    if ((want & SMTPE_WANT_CLOSE) || (c->eof && !c->ss.job_pending)) {
+        if (pending)
+            return readiness(c, 0, out);
         return fail(c, "eof"); /* quit, timeout, ... were recorded already */
     }
     if (c->tls_state == CONN_TLS_NONE && (want & SMTPE_WANT_TLS))
-        return CONN_WRITE; /* the 220 before the handshake; nothing more is read in clear */
-    if (c->in_len - c->in_off < sizeof c->in)
+        return out ? CONN_WRITE : 0; /* the 220 first; nothing more is read in clear */
+    if (!c->eof && c->in_len - c->in_off < CONN_INPUT_BUF)
         return readiness(c, 1, out);
-    if (out)
-        return readiness(c, 0, 1);
+    if (pending || c->ss.job_pending)
+        return readiness(c, 0, out);
     /* A full buffer the engine will not take, and nothing to send: cannot happen while every
      * verdict is given at once, but never wait for nothing. */
     host_log("error peer=%s input stalled", c->ss.peer);
@@ -293,7 +329,7 @@ static unsigned handshake(struct conn *c, uint64_t now_ms)
 /* Whether the pump should take plaintext TLS holds: the socket will not signal it. */
 static int tls_input_waiting(const struct conn *c)
 {
-    return c->tls_state == CONN_TLS_UP && !c->eof && c->in_len - c->in_off < sizeof c->in &&
+    return c->tls_state == CONN_TLS_UP && !c->eof && c->in_len - c->in_off < CONN_INPUT_BUF &&
            tls_pending(c->tls);
 }
 
@@ -341,9 +377,30 @@ static unsigned progress(struct conn *c, uint64_t now_ms)
     }
 }
 
+/* The end of every conn_on_* call: input the engine left moves from the loop's scratch
+ * buffer to the connection's own. Returns bits, or CONN_CLOSE if memory runs out. */
+static unsigned done(struct conn *c, unsigned bits)
+{
+    size_t left = c->in_len - c->in_off;
+
+    if ((bits & CONN_CLOSE) || c->in != c->scratch)
+        return bits;
+    if (left > 0) {
+        if (c->own == NULL && (c->own = malloc(CONN_INPUT_BUF)) == NULL) {
+            host_log("error peer=%s input: out of memory", c->ss.peer);
+            return fail(c, "io-error");
+        }
+        memcpy(c->own, c->in + c->in_off, left);
+        c->in = c->own;
+    }
+    c->in_off = 0;
+    c->in_len = left;
+    return bits;
+}
+
 unsigned conn_start(struct conn *c, uint64_t now_ms)
 {
-    return progress(c, now_ms);
+    return done(c, progress(c, now_ms));
 }
 
 /* One read, in clear or through TLS. Returns the octets read (> 0), 0 at the end of the
@@ -380,15 +437,18 @@ static int read_some(struct conn *c)
 {
     ssize_t r;
 
-    if (c->in_off > 0) {
+    if (c->in_off == c->in_len) { /* nothing waits: read into own if there is one */
+        c->in_off = c->in_len = 0;
+        c->in = c->own ? c->own : c->scratch;
+    } else if (c->in_off > 0) {
         memmove(c->in, c->in + c->in_off, c->in_len - c->in_off);
         c->in_len -= c->in_off;
         c->in_off = 0;
     }
-    if (c->eof || c->in_len == sizeof c->in || c->tls_state == CONN_TLS_HANDSHAKE ||
+    if (c->eof || c->in_len == CONN_INPUT_BUF || c->tls_state == CONN_TLS_HANDSHAKE ||
         (c->tls_state == CONN_TLS_NONE && (smtpe_server_want(c->s) & SMTPE_WANT_TLS)))
         return 0;
-    r = sock_recv(c, c->in + c->in_len, sizeof c->in - c->in_len);
+    r = sock_recv(c, c->in + c->in_len, CONN_INPUT_BUF - c->in_len);
     if (r > 0) {
         c->in_len += (size_t)r;
         c->bytes_in += (uint64_t)r;
@@ -402,14 +462,25 @@ unsigned conn_on_readable(struct conn *c, uint64_t now_ms)
 {
     if (read_some(c) < 0)
         return fail(c, "io-error");
-    return progress(c, now_ms);
+    return done(c, progress(c, now_ms));
 }
 
 unsigned conn_on_writable(struct conn *c, uint64_t now_ms)
 {
     if (c->read_needs == CONN_WRITE && read_some(c) < 0) /* a TLS read waited for this */
         return fail(c, "io-error");
-    return progress(c, now_ms);
+    return done(c, progress(c, now_ms));
+}
+
+unsigned conn_on_job(struct conn *c, uint64_t now_ms)
+{
+    int rc = session_job_done(&c->ss, c->s);
+
+    if (rc < 0) {
+        host_log("error peer=%s engine: %s", c->ss.peer, smtpe_strerror(rc));
+        return fail(c, "io-error");
+    }
+    return done(c, progress(c, now_ms));
 }
 
 /* The host's deadline for queued output the client does not read. */
@@ -431,6 +502,8 @@ uint64_t conn_expiry(const struct conn *c)
 
     if (e > o)
         e = o;
+    if (c->held && c->hold_until < e)
+        e = c->hold_until;
     return e < c->handshake_deadline ? e : c->handshake_deadline;
 }
 
@@ -444,7 +517,7 @@ unsigned conn_on_timer(struct conn *c, uint64_t now_ms)
         return fail(c, "timeout");
     if (smtpe_server_expiry(c->s) <= now_ms)
         (void)smtpe_server_handle_expiry(c->s, now_ms);
-    return progress(c, now_ms);
+    return done(c, progress(c, now_ms));
 }
 
 void conn_shutdown(struct conn *c, uint64_t now_ms)
@@ -452,6 +525,7 @@ void conn_shutdown(struct conn *c, uint64_t now_ms)
     session_set_end(&c->ss, "shutdown");
     session_abort(&c->ss);
     (void)smtpe_server_close(c->s, 421, "4.3.2", c->ctx->shutdown_text);
+    c->hold_until = 1; /* no --reply-delay-ms for the last word */
     if (c->tls_state != CONN_TLS_HANDSHAKE) /* no clear text in the middle of a handshake */
         (void)flush(c, now_ms);
 }
@@ -499,6 +573,7 @@ void conn_free(struct conn *c)
              (unsigned long long)(host_now_ms() - c->start_ms), ss->end ? ss->end : "eof",
              extras);
     session_free(&c->ss);
+    free(c->own);
     tls_conn_free(c->tls); /* a close_notify if the socket takes it at once */
     if (close(c->fd) < 0 && errno != EINTR)
         host_log("error peer=%s close: %s", ss->peer, strerror(errno));

@@ -3,13 +3,26 @@
  * session, hands the engine's events to session.c, and tells the host model what to wait for.
  *
  * It knows nothing of epoll or threads. A model calls conn_on_readable / conn_on_writable /
- * conn_on_timer when the socket or the clock says so, and each returns CONN_READ | CONN_WRITE
- * (what to wait for next), or CONN_CLOSE (call conn_free). conn_expiry says when to call
- * conn_on_timer. Memory per connection is fixed: the struct, a 16 KiB input buffer and the
- * engine's smtpe_server_memory_size() octets, plus a 64 KiB write buffer while a message is
- * being stored, OpenSSL's state once STARTTLS has run (its record buffers are released while
- * the session is idle), and under LMTP the transaction's accepted recipients (at most
- * max_recipients names, kept for the per-recipient replies).
+ * conn_on_timer / conn_on_job when the socket, the clock or the job pool says so, and each
+ * returns CONN_READ | CONN_WRITE (what to wait for next; 0: neither, only the timer or the
+ * job), or CONN_CLOSE (call conn_free). conn_expiry says when to call conn_on_timer.
+ *
+ * The blocking steps of a verdict (fsync and rename at the end of a message, crypt(3) for
+ * AUTH) go to the job pool given to conn_new; the job's owner is the conn, and when the pool
+ * gives the job back the model calls conn_on_job. Without a pool they run in the calling
+ * thread.
+ *
+ * --reply-delay-ms holds queued replies that long before the first octet goes out (a timer:
+ * conn_expiry), without blocking anything else.
+ *
+ * Memory per connection: the struct (with the session's names, about 3.5 KiB) and the
+ * engine's smtpe_server_memory_size() octets; a 16 KiB input buffer only once the engine has
+ * left input unconsumed (a client pipelining faster than it reads replies; kept from then on),
+ * otherwise input is read into the model's scratch buffer; plus a 64 KiB write buffer while a
+ * message is being stored, OpenSSL's state once STARTTLS has run (its record buffers are
+ * released while the session is idle), a job (about 1.3 KiB) from the first message stored or
+ * AUTH, and under LMTP the transaction's accepted recipients (at most max_recipients names,
+ * kept for the per-recipient replies).
  *
  * Under STARTTLS the pump runs the handshake itself (bounded by the command timeout) and then
  * reads and writes through TLS; the model only sees CONN_READ / CONN_WRITE as before.
@@ -21,6 +34,9 @@
 #include <sys/socket.h>
 
 #include "host.h"
+#include "jobs.h"
+
+#define CONN_INPUT_BUF 16384 /* octets of one read; the size of a model's scratch buffer */
 
 #define CONN_READ (1u << 0)  /* wait until the socket is readable */
 #define CONN_WRITE (1u << 1) /* wait until the socket is writable */
@@ -29,9 +45,16 @@
 struct conn;
 
 /* Makes a connection for the accepted non-blocking socket fd (which it then owns) and queues the
- * greeting. Returns NULL if memory runs out (fd is then still the caller's). */
-struct conn *conn_new(const struct host_ctx *ctx, int fd, const struct sockaddr *peer,
-                      uint64_t now_ms);
+ * greeting. Blocking steps go to pool (NULL: run in the caller's thread). scratch is a buffer of
+ * CONN_INPUT_BUF octets the model lends to every conn_on_* call (one per thread: it is free
+ * again when the call returns). Returns NULL if memory runs out (fd is then still the
+ * caller's). */
+struct conn *conn_new(const struct host_ctx *ctx, struct job_pool *pool, uint8_t *scratch,
+                      int fd, const struct sockaddr *peer, uint64_t now_ms);
+
+/* The model's pointer for c (e.g. its wrapper), NULL until set. */
+void conn_set_user(struct conn *c, void *user);
+void *conn_user(const struct conn *c);
 
 /* Sends what is queued (the greeting at first). Returns CONN_* bits. */
 unsigned conn_start(struct conn *c, uint64_t now_ms);
@@ -44,6 +67,10 @@ unsigned conn_on_readable(struct conn *c, uint64_t now_ms);
  * Returns CONN_* bits. */
 unsigned conn_on_writable(struct conn *c, uint64_t now_ms);
 
+/* The job c submitted is back from the pool (job->owner was c): gives the verdict that waited
+ * and goes on. Returns CONN_* bits. */
+unsigned conn_on_job(struct conn *c, uint64_t now_ms);
+
 /* The time conn_expiry gave has come (calling it early is harmless). Returns CONN_* bits. */
 unsigned conn_on_timer(struct conn *c, uint64_t now_ms);
 
@@ -54,7 +81,8 @@ uint64_t conn_expiry(const struct conn *c);
  * takes it at once. Call conn_free next. */
 void conn_shutdown(struct conn *c, uint64_t now_ms);
 
-/* Logs the disconnect line, closes the socket and frees c. */
+/* Logs the disconnect line, closes the socket and frees c. A job of c still in the pool is
+ * disowned (owner NULL): whoever takes it back frees it with free(). */
 void conn_free(struct conn *c);
 
 /* The socket of c. */

@@ -34,7 +34,10 @@ struct host_options {
     unsigned max_clients;      /* concurrent sessions */
     const char **domains;      /* accepted recipient domains; NULL/0: any */
     size_t domain_count;
-    const char *model;         /* host model name ("epoll") */
+    const char *model;         /* host model name: epoll, prefork, reuseport, threads */
+    unsigned workers;          /* prefork, reuseport: event loops (default: online cores) */
+    unsigned job_threads;      /* event models: job pool threads per loop (jobs.h) */
+    uint64_t reply_delay_ms;   /* hold each reply this long before sending; 0: none */
     smtpe_line_ending_policy line_ending;
     uint64_t command_timeout_ms; /* valid when has_command_timeout */
     int has_command_timeout;

@@ -21,6 +21,10 @@
 
 static const struct host_model models[] = {
     {"epoll", "one process, one thread, one epoll event loop", epoll_model_run},
+    {"prefork", "a supervisor and --workers processes, each an epoll loop", prefork_model_run},
+    {"reuseport", "--workers threads, each an epoll loop and SO_REUSEPORT listener",
+     reuseport_model_run},
+    {"threads", "one blocking thread per connection", threads_model_run},
 };
 
 #define MODEL_COUNT (sizeof models / sizeof models[0])
@@ -109,9 +113,12 @@ static int build_config(struct host_ctx *ctx)
 static void log_start(const struct host_ctx *ctx, const struct host_model *model)
 {
     const struct host_options *o = &ctx->opt;
-    char dir[512];
+    char dir[512], workers[32] = "";
 
-    host_log("start model=%s hostname=%s %s%s%s%s%s%s%s%s", model->name, o->hostname,
+    if (strcmp(model->name, "prefork") == 0 || strcmp(model->name, "reuseport") == 0)
+        snprintf(workers, sizeof workers, " workers=%u", o->workers);
+    host_log("start model=%s%s hostname=%s %s%s%s%s%s%s%s%s", model->name, workers,
+             o->hostname,
              o->sink ? "sink" : "maildir=",
              o->sink ? "" : host_log_token(dir, sizeof dir, o->maildir, strlen(o->maildir)),
              o->lmtp ? " lmtp" : "", ctx->tls ? " starttls" : "",

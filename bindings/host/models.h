@@ -19,6 +19,17 @@ struct host_model {
 /* bindings/epoll/epoll.c: one process, one thread, one epoll loop. */
 int epoll_model_run(const struct host_ctx *ctx, const sigset_t *wait_mask);
 
+/* bindings/prefork/prefork.c: a supervisor and --workers forked processes, each an epoll loop
+ * on the shared listener. */
+int prefork_model_run(const struct host_ctx *ctx, const sigset_t *wait_mask);
+
+/* bindings/reuseport/reuseport.c: --workers threads, each an epoll loop with its own
+ * SO_REUSEPORT listener. */
+int reuseport_model_run(const struct host_ctx *ctx, const sigset_t *wait_mask);
+
+/* bindings/threads/threads.c: one blocking thread per connection. */
+int threads_model_run(const struct host_ctx *ctx, const sigset_t *wait_mask);
+
 /* Logs "listening on ADDR:PORT" for the bound listener fd (the line tools wait for). */
 void host_announce_listener(int fd);
 

@@ -15,7 +15,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#define NET_BACKLOG 1024
+#define NET_BACKLOG 65535 /* the kernel caps it at net.core.somaxconn (4096 on Debian 12) */
 
 static int parse_port(const char *s, unsigned *port)
 {

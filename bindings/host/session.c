@@ -1,8 +1,10 @@
 /*
  * session.c - host verdicts for one SMTP or LMTP session (see session.h).
  *
- * Every verdict is given at once: this host has nothing to wait for except its own disk and
- * crypt(3). The policy is small: any HELO/EHLO/LHLO and MAIL; RCPT only for the --domain list
+ * Every verdict is given at once except two that wait for blocking work: the fsync and rename
+ * that make a message durable, and the crypt(3) of an AUTH attempt. Those run as a job in the
+ * loop's pool (jobs.h) and their verdict follows when the job is back (session_job_done); in
+ * the threads model (no pool) they run on the session's own thread. The policy is small: any HELO/EHLO/LHLO and MAIL; RCPT only for the --domain list
  * (and always for <postmaster>, RFC 5321 §4.5.1); DATA (or the first BDAT chunk) once the
  * Maildir file is open; end of data only once the file is durable in new/ (under LMTP, one
  * reply per accepted recipient, RFC 2033 §4.2); AUTH PLAIN/LOGIN against the --auth-users
@@ -40,10 +42,69 @@ static void set_peer_text(struct session *ss)
                  ss->peer_port);
 }
 
-void session_init(struct session *ss, const struct host_ctx *ctx, const struct sockaddr *peer)
+/* The blocking step of a verdict, run in the pool (or inline) on copies of what it needs. */
+struct session_job {
+    struct job base; /* first: an orphaned job is freed as the block it is */
+    enum { JOB_COMMIT, JOB_AUTH } kind;
+    int ok;          /* the result */
+    int err;         /* JOB_COMMIT: errno of a failed commit */
+    struct maildir_msg *msg; /* JOB_COMMIT: committed (or removed) and freed by the run */
+    const struct auth_db *db; /* JOB_AUTH: the check, on copies wiped by the run */
+    size_t user_len, password_len;
+    uint8_t user[AUTH_USER_MAX + 1];
+    uint8_t password[AUTH_PASSWORD_MAX + 1];
+    /* what the verdict needs afterwards */
+    uint64_t size;
+    unsigned flags, replies;
+    int authz_ok;
+    const char *mechanism;
+};
+
+static void job_run(struct job *j)
+{
+    struct session_job *sj = (struct session_job *)j;
+
+    if (sj->kind == JOB_COMMIT) {
+        sj->ok = maildir_msg_commit(sj->msg) == 0;
+        sj->err = sj->ok ? 0 : errno;
+        sj->msg = NULL;
+        return;
+    }
+    sj->ok = auth_db_check(sj->db, sj->user, sj->user_len, sj->password, sj->password_len);
+    explicit_bzero(sj->password, sizeof sj->password);
+    sj->password_len = 0;
+}
+
+/* The session's job for a new blocking step. NULL if memory runs out. */
+static struct session_job *job_get(struct session *ss)
+{
+    if (ss->job == NULL && (ss->job = malloc(sizeof *ss->job)) == NULL)
+        return NULL;
+    memset(&ss->job->base, 0, sizeof ss->job->base);
+    ss->job->base.run = job_run;
+    return ss->job;
+}
+
+/* Runs the job: in the pool (returns SESSION_WAIT) or here and now (returns 0, the result in
+ * the job). */
+static int job_start(struct session *ss, void *owner)
+{
+    if (ss->pool == NULL) {
+        job_run(&ss->job->base);
+        return 0;
+    }
+    ss->job->base.owner = owner;
+    ss->job_pending = 1;
+    job_submit(ss->pool, &ss->job->base);
+    return SESSION_WAIT;
+}
+
+void session_init(struct session *ss, const struct host_ctx *ctx, struct job_pool *pool,
+                  const struct sockaddr *peer)
 {
     memset(ss, 0, sizeof *ss);
     ss->ctx = ctx;
+    ss->pool = pool;
     net_ip_text(peer, ss->peer_ip, &ss->peer_port, &ss->peer_v6);
     ss->peer_unix = peer->sa_family == AF_UNIX;
     if (peer->sa_family != AF_INET && peer->sa_family != AF_INET6 && !ss->peer_unix)
@@ -81,6 +142,12 @@ void session_abort(struct session *ss)
 
 void session_free(struct session *ss)
 {
+    if (ss->job != NULL && ss->job_pending)
+        ss->job->base.owner = NULL; /* the loop frees it when it comes back */
+    else
+        free(ss->job);
+    ss->job = NULL;
+    ss->job_pending = 0;
     session_abort(ss);
     free(ss->rcpts_buf);
     ss->rcpts_buf = NULL;
@@ -444,9 +511,32 @@ static int data_verdicts(struct session *ss, smtpe_server *s, unsigned replies, 
     return rc;
 }
 
-static int on_data_end(struct session *ss, smtpe_server *s, const smtpe_event *ev)
+/* The verdict on a message once its fate is known: ok (stored, or --sink) or not. */
+static int finish_message(struct session *ss, smtpe_server *s, uint64_t size, unsigned flags,
+                          unsigned replies, int ok)
 {
-    int status = ev->data_end.status, rc;
+    int rc;
+
+    if (ok)
+        ss->delivered++;
+    log_message(ss, size, ok ? "queued" : "io-error", flags);
+    rc = data_verdicts(ss, s, replies, ok);
+    end_transaction(ss);
+    return rc;
+}
+
+/* A commit is back: report a failure, then the verdict. */
+static int finish_commit(struct session *ss, smtpe_server *s, struct session_job *sj)
+{
+    if (!sj->ok)
+        host_log("error id=%s maildir: %s", ss->queue_id, strerror(sj->err));
+    return finish_message(ss, s, sj->size, sj->flags, sj->replies, sj->ok);
+}
+
+static int on_data_end(struct session *ss, smtpe_server *s, const smtpe_event *ev, void *owner)
+{
+    int status = ev->data_end.status;
+    struct session_job *sj;
 
     if (status != SMTPE_DATA_OK) { /* the engine has already replied */
         log_message(ss, ev->data_end.size,
@@ -455,28 +545,23 @@ static int on_data_end(struct session *ss, smtpe_server *s, const smtpe_event *e
         end_transaction(ss);
         return 0;
     }
-    if (ss->store_failed) {
-        log_message(ss, ev->data_end.size, "io-error", ev->data_end.flags);
-        rc = data_verdicts(ss, s, ev->data_end.replies, 0);
-        end_transaction(ss);
-        return rc;
+    if (ss->store_failed || ss->msg == NULL) /* failed, or --sink */
+        return finish_message(ss, s, ev->data_end.size, ev->data_end.flags,
+                              ev->data_end.replies, !ss->store_failed);
+    if ((sj = job_get(ss)) == NULL) {
+        host_log("error id=%s maildir: out of memory", ss->queue_id);
+        return finish_message(ss, s, ev->data_end.size, ev->data_end.flags,
+                              ev->data_end.replies, 0);
     }
-    if (ss->msg != NULL) {
-        struct maildir_msg *m = ss->msg;
-        ss->msg = NULL;
-        if (maildir_msg_commit(m) < 0) {
-            host_log("error id=%s maildir: %s", ss->queue_id, strerror(errno));
-            log_message(ss, ev->data_end.size, "io-error", ev->data_end.flags);
-            rc = data_verdicts(ss, s, ev->data_end.replies, 0);
-            end_transaction(ss);
-            return rc;
-        }
-    }
-    ss->delivered++;
-    log_message(ss, ev->data_end.size, "queued", ev->data_end.flags);
-    rc = data_verdicts(ss, s, ev->data_end.replies, 1);
-    end_transaction(ss);
-    return rc;
+    sj->kind = JOB_COMMIT;
+    sj->msg = ss->msg;
+    ss->msg = NULL;
+    sj->size = ev->data_end.size;
+    sj->flags = ev->data_end.flags;
+    sj->replies = ev->data_end.replies;
+    if (job_start(ss, owner) == SESSION_WAIT)
+        return SESSION_WAIT;
+    return finish_commit(ss, s, sj);
 }
 
 static int on_starttls(struct session *ss, smtpe_server *s)
@@ -491,32 +576,59 @@ static int span_eq(smtpe_span a, smtpe_span b)
     return a.len == b.len && (a.len == 0 || memcmp(a.ptr, b.ptr, a.len) == 0);
 }
 
-/* AUTH PLAIN or LOGIN: the credentials against the user file. crypt(3) runs whatever the
- * user name, and blocks this thread for its few milliseconds. The password is never logged. */
-static int on_auth(struct session *ss, smtpe_server *s, const smtpe_event *ev)
+/* An AUTH check is back: 535 or 235. The password is never logged. */
+static int finish_auth(struct session *ss, smtpe_server *s, struct session_job *sj)
 {
-    const char *mech = ev->auth.mechanism_id == SMTPE_SASL_PLAIN ? "PLAIN" : "LOGIN";
     char user[3 * AUTH_USER_MAX + 1];
-    int ok;
+    size_t len = sj->user_len < AUTH_USER_MAX ? sj->user_len : AUTH_USER_MAX;
+
+    host_log_token(user, sizeof user, sj->user, len);
+    if (!sj->ok || !sj->authz_ok) {
+        ss->auth_failures++;
+        host_log("auth-failed peer=%s user=%s mechanism=%s", ss->peer, user, sj->mechanism);
+        return smtpe_server_reply(s, 535, "5.7.8", "Authentication credentials invalid");
+    }
+    (void)copy_text(ss->auth_user, AUTH_USER_MAX, (smtpe_span){sj->user, len});
+    host_log("auth peer=%s auth=%s mechanism=%s", ss->peer, user, sj->mechanism);
+    return smtpe_server_accept(s);
+}
+
+/* AUTH PLAIN or LOGIN: the credentials against the user file. crypt(3) runs whatever the
+ * user name, on copies in the job (wiped by it); the engine wipes its own at the verdict. */
+static int on_auth(struct session *ss, smtpe_server *s, const smtpe_event *ev, void *owner)
+{
+    struct session_job *sj;
+    size_t ulen = ev->auth.authcid.len, plen = ev->auth.password.len;
 
     if (ss->ctx->auth == NULL || (ev->auth.mechanism_id != SMTPE_SASL_PLAIN &&
                                   ev->auth.mechanism_id != SMTPE_SASL_LOGIN))
         return smtpe_server_reply(s, 504, "5.5.4", "Unrecognized authentication type");
+    if ((sj = job_get(ss)) == NULL)
+        return smtpe_server_reply(s, 454, "4.7.0", "Temporary authentication failure");
+    sj->kind = JOB_AUTH;
+    sj->db = ss->ctx->auth;
+    sj->mechanism = ev->auth.mechanism_id == SMTPE_SASL_PLAIN ? "PLAIN" : "LOGIN";
     /* Acting as another user (an authorization identity other than the authentication one,
      * RFC 4616 §2) is not supported: refused like bad credentials, after the same work. */
-    ok = auth_db_check(ss->ctx->auth, ev->auth.authcid.ptr, ev->auth.authcid.len,
-                       ev->auth.password.ptr, ev->auth.password.len);
-    ok = ok && (ev->auth.authzid.len == 0 || span_eq(ev->auth.authzid, ev->auth.authcid));
-    host_log_token(user, sizeof user, ev->auth.authcid.ptr,
-                   ev->auth.authcid.len < AUTH_USER_MAX ? ev->auth.authcid.len : AUTH_USER_MAX);
-    if (!ok) {
-        ss->auth_failures++;
-        host_log("auth-failed peer=%s user=%s mechanism=%s", ss->peer, user, mech);
-        return smtpe_server_reply(s, 535, "5.7.8", "Authentication credentials invalid");
-    }
-    (void)copy_text(ss->auth_user, AUTH_USER_MAX, ev->auth.authcid);
-    host_log("auth peer=%s auth=%s mechanism=%s", ss->peer, user, mech);
-    return smtpe_server_accept(s);
+    sj->authz_ok = ev->auth.authzid.len == 0 || span_eq(ev->auth.authzid, ev->auth.authcid);
+    /* Longer than the buffers: kept one octet too long, which never matches. */
+    sj->user_len = ulen <= AUTH_USER_MAX ? ulen : AUTH_USER_MAX + 1;
+    sj->password_len = plen <= AUTH_PASSWORD_MAX ? plen : AUTH_PASSWORD_MAX + 1;
+    if (ulen > 0)
+        memcpy(sj->user, ev->auth.authcid.ptr, sj->user_len);
+    if (plen > 0)
+        memcpy(sj->password, ev->auth.password.ptr, sj->password_len);
+    if (job_start(ss, owner) == SESSION_WAIT)
+        return SESSION_WAIT;
+    return finish_auth(ss, s, sj);
+}
+
+int session_job_done(struct session *ss, smtpe_server *s)
+{
+    struct session_job *sj = ss->job;
+
+    ss->job_pending = 0;
+    return sj->kind == JOB_COMMIT ? finish_commit(ss, s, sj) : finish_auth(ss, s, sj);
 }
 
 /* Adds the current client to the via chain: the hops that spoke for the real client (the
@@ -769,7 +881,7 @@ static int on_xforward(struct session *ss, smtpe_server *s, const smtpe_event *e
     return smtpe_server_accept(s);
 }
 
-int session_on_event(struct session *ss, smtpe_server *s, const smtpe_event *ev)
+int session_on_event(struct session *ss, smtpe_server *s, const smtpe_event *ev, void *owner)
 {
     switch (ev->type) {
     case SMTPE_EV_HELO:
@@ -789,14 +901,14 @@ int session_on_event(struct session *ss, smtpe_server *s, const smtpe_event *ev)
     case SMTPE_EV_CHUNK_END:
         return on_chunk_end(ss, s);
     case SMTPE_EV_DATA_END:
-        return on_data_end(ss, s, ev);
+        return on_data_end(ss, s, ev, owner);
     case SMTPE_EV_RSET:
         end_transaction(ss);
         return 0;
     case SMTPE_EV_STARTTLS:
         return on_starttls(ss, s);
     case SMTPE_EV_AUTH:
-        return on_auth(ss, s, ev);
+        return on_auth(ss, s, ev, owner);
     case SMTPE_EV_PROXY:
         return on_proxy(ss, s, ev);
     case SMTPE_EV_PROXY_INVALID:

@@ -13,11 +13,18 @@
 
 #include "auth.h"
 #include "host.h"
+#include "jobs.h"
 #include "maildir.h"
 #include "net.h"
 #include "smtpe.h"
 
 #define SESSION_NAME_MAX 512 /* longest HELO argument or path kept (a command line is 512) */
+
+/* session_on_event: the verdict waits for a job (fsync and rename, or crypt(3)) that now runs
+ * in the session's job pool; session_job_done gives it once the job is back. */
+#define SESSION_WAIT 1
+
+struct session_job;
 
 /* What XFORWARD said about the client of the next transaction (Postfix XFORWARD_README);
  * empty strings for what it did not say or called [UNAVAILABLE]. */
@@ -32,6 +39,11 @@ struct session_xforward {
 
 struct session {
     const struct host_ctx *ctx;
+    /* Where the blocking steps run: a pool of the loop's (the verdict then waits), or NULL to
+     * run them on the caller's thread (the threads model, where blocking is the point). */
+    struct job_pool *pool;
+    struct session_job *job;         /* reused for each blocking step; NULL until the first */
+    int job_pending;                 /* job is in the pool; a verdict waits for it */
     /* The client: the socket peer, replaced by PROXY's source or XCLIENT's ADDR/PORT. */
     char peer_ip[NET_IP_MAX];        /* "" when unknown (XCLIENT ADDR=[UNAVAILABLE]) */
     int peer_v6;
@@ -70,17 +82,22 @@ struct session {
     const char *end;                 /* why the session ended; NULL until known */
 };
 
-/* Prepares ss for a connection from peer. */
-void session_init(struct session *ss, const struct host_ctx *ctx, const struct sockaddr *peer);
+/* Prepares ss for a connection from peer; blocking steps go to pool (NULL: run inline). */
+void session_init(struct session *ss, const struct host_ctx *ctx, struct job_pool *pool,
+                  const struct sockaddr *peer);
 
 /* Once the engine session s exists: marks it trusted for XCLIENT/XFORWARD when the peer is in
  * --xclient-from. Returns 0 or a negative SMTPE_ERR_*. */
 int session_start(struct session *ss, smtpe_server *s, const struct sockaddr *peer);
 
-/* Handles one event taken from s, giving its verdict if it needs one.
- * Returns 0, or a negative SMTPE_ERR_* if the engine refused a verdict (the session is then
- * unusable). */
-int session_on_event(struct session *ss, smtpe_server *s, const smtpe_event *ev);
+/* Handles one event taken from s, giving its verdict if it needs one. Returns 0, SESSION_WAIT
+ * (the verdict comes from session_job_done; the job's owner is set to owner), or a negative
+ * SMTPE_ERR_* if the engine refused a verdict (the session is then unusable). */
+int session_on_event(struct session *ss, smtpe_server *s, const smtpe_event *ev, void *owner);
+
+/* The job session_on_event submitted is back from the pool: gives the verdict that waited.
+ * Returns 0 or a negative SMTPE_ERR_*. */
+int session_job_done(struct session *ss, smtpe_server *s);
 
 /* TLS is up (the engine has restarted the session): records the protocol and cipher for the
  * Received header and the log, and forgets HELO, AUTH and XFORWARD as the engine did. */
@@ -96,7 +113,8 @@ void session_set_end(struct session *ss, const char *reason);
 /* Discards the message being written, if any. */
 void session_abort(struct session *ss);
 
-/* Discards the message and frees what the session holds (not ss itself). */
+/* Discards the message and frees what the session holds (not ss itself). A job still in the
+ * pool is disowned (owner NULL): the loop frees it with free() when it comes back. */
 void session_free(struct session *ss);
 
 #endif

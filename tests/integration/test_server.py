@@ -5,8 +5,10 @@ Each test starts its own smtpe-server on 127.0.0.1 port 0 with a fresh Maildir, 
 smtplib, swaks, curl or a raw socket, checks every stored message byte for byte, and stops the
 server with SIGTERM, which must make it exit 0.
 
-Usage: test_server.py [SERVER] [-k PATTERN ...] [-q]
+Usage: test_server.py [SERVER] [--model NAME] [-k PATTERN ...] [-q]
   SERVER defaults to $SMTPE_SERVER, then build/smtpe-server in the repository.
+  --model runs every server of the suite under that host model (prefork and reuseport with
+  --workers 2) unless a test names its own; default: the server's default (epoll).
 
 Only the Python 3 standard library is used. swaks and curl must be installed (tests/deps.sh does
 it); without them their tests fail. Time limits in this file are safety bounds against a hung
@@ -29,6 +31,7 @@ import time
 import unittest
 
 SERVER = None      # path of smtpe-server, set by main()
+MODEL_ARGS = []    # --model/--workers for every server, set by main()
 SAFETY = 10.0      # seconds: the longest any single expected event may take
 SILENCE = 0.7      # seconds of quiet that count as "the server did not answer"
 DRAIN_BOUND = 35.0 # seconds: the longest a SIGTERM'd server may take to exit
@@ -55,6 +58,8 @@ class Server:
             self.maildir = os.path.join(self.dir, "var", "maildir")
         if hostname is not None:
             cmd += ["--hostname", hostname]
+        if "--model" not in args:
+            cmd += MODEL_ARGS
         cmd += list(args)
         self.cmd = cmd
         self.lines = []
@@ -1584,16 +1589,21 @@ class Result(unittest.TextTestResult):
 def main(module=None):
     """Runs the tests of module (default: this one) against the server named on the command
     line and prints "N passed, N failed"; test_extensions.py runs through this too."""
-    global SERVER
+    global SERVER, MODEL_ARGS
     module = module or sys.modules[__name__]
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser(description=module.__doc__.split("\n")[0])
     ap.add_argument("server", nargs="?", default=os.environ.get("SMTPE_SERVER") or
                     os.path.join(here, "..", "..", "build", "smtpe-server"))
+    ap.add_argument("--model", help="host model for every server (epoll, prefork, ...)")
     ap.add_argument("-k", action="append", default=[], help="only tests matching this pattern")
     ap.add_argument("-q", action="store_true", help="less output")
     a = ap.parse_args()
     SERVER = os.path.abspath(a.server)
+    if a.model:
+        MODEL_ARGS = ["--model", a.model]
+        if a.model in ("prefork", "reuseport"):
+            MODEL_ARGS += ["--workers", "2"]
     if not os.access(SERVER, os.X_OK):
         print("smtpe-server not found or not executable: %s" % SERVER, file=sys.stderr)
         print("0 passed, 1 failed")

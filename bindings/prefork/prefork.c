@@ -1,0 +1,208 @@
+/*
+ * prefork.c - the prefork host model: a supervisor process opens the listener and forks
+ * --workers processes, each running its own event loop (host/loop.c) and accepting on the
+ * shared listener (EPOLLEXCLUSIVE, so a new connection wakes one worker, not all). The
+ * supervisor serves no client: it replaces a worker that dies, and at SIGTERM/SIGINT passes
+ * the signal on and waits for the workers to drain.
+ *
+ * What it demonstrates: the classic Unix server shape (Apache prefork, Postfix's master,
+ * Unicorn), here with an event loop in each process, the study's winning "prefork + Fibers".
+ * Workers share nothing but the listener and the session count for --max-clients (one
+ * counter per worker in MAP_SHARED memory, zeroed by the supervisor when a worker dies).
+ *
+ * When to pick it: several cores, and isolation: a crash (or a leak) takes one worker's
+ * sessions and the supervisor starts another. Costs a process per worker and, unlike
+ * reuseport, one accept queue that the workers take turns on.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "host/log.h"
+#include "host/loop.h"
+#include "host/models.h"
+#include "host/net.h"
+#include "host/signals.h"
+
+#define PF_RESPAWN_MIN_MS 1000 /* a worker that dies sooner is restarted after this long */
+#define PF_POLL_MS 100
+
+struct pf_worker {
+    pid_t pid;        /* 0: not running */
+    uint64_t started; /* host_now_ms at fork */
+    uint64_t due;     /* when to (re)start it; 0: not due */
+};
+
+static void pf_on_child(int sig)
+{
+    (void)sig; /* only interrupts the wait */
+}
+
+/* The worker process: an event loop on the shared listener. Does not return. */
+static void pf_worker_main(const struct host_ctx *ctx, int lfd, struct loop_census *census,
+                           unsigned slot, const sigset_t *wait_mask)
+{
+    struct sigaction sa;
+    struct loop *l;
+    char err[256];
+    int rc;
+
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = SIG_DFL;
+    (void)sigaction(SIGCHLD, &sa, NULL);
+    /* Only the supervisor's SIGTERM counts: a terminal's ^C reaches the whole process group,
+     * and with the SIGTERM passed on it would count twice and skip the drain. */
+    sa.sa_handler = SIG_IGN;
+    (void)sigaction(SIGINT, &sa, NULL);
+    atomic_store(&census->active[slot], 0);
+    l = loop_new(ctx, lfd, 1, census, slot, ctx->opt.job_threads, err, sizeof err);
+    if (l == NULL) {
+        host_log("error worker %u: %s", slot, err);
+        _exit(1);
+    }
+    rc = loop_run(l, wait_mask);
+    loop_free(l);
+    _exit(rc);
+}
+
+static int pf_spawn(const struct host_ctx *ctx, int lfd, struct loop_census *census,
+                    struct pf_worker *w, unsigned slot, const sigset_t *wait_mask)
+{
+    pid_t pid = fork();
+
+    if (pid < 0) {
+        host_log("error fork: %s", strerror(errno));
+        w->due = host_now_ms() + PF_RESPAWN_MIN_MS;
+        return -1;
+    }
+    if (pid == 0)
+        pf_worker_main(ctx, lfd, census, slot, wait_mask);
+    w->pid = pid;
+    w->started = host_now_ms();
+    w->due = 0;
+    host_log("worker %u pid=%ld started", slot, (long)pid);
+    return 0;
+}
+
+/* Reaps dead workers; while serving, schedules their replacement. Returns how many run. */
+static unsigned pf_reap(struct pf_worker *w, unsigned n, struct loop_census *census,
+                        int serving, int *failed)
+{
+    unsigned running = 0;
+    int status;
+    pid_t pid;
+
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+        for (unsigned i = 0; i < n; i++) {
+            uint64_t now = host_now_ms();
+            if (w[i].pid != pid)
+                continue;
+            w[i].pid = 0;
+            atomic_store(&census->active[i], 0); /* its sessions died with it */
+            if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && !serving)
+                break;
+            if (WIFSIGNALED(status))
+                host_log("error worker %u pid=%ld killed by signal %d", i, (long)pid,
+                         WTERMSIG(status));
+            else
+                host_log("error worker %u pid=%ld exited with status %d", i, (long)pid,
+                         WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+            if (!serving) {
+                *failed = 1;
+                break;
+            }
+            w[i].due = now - w[i].started < PF_RESPAWN_MIN_MS ? now + PF_RESPAWN_MIN_MS : now;
+            break;
+        }
+    }
+    for (unsigned i = 0; i < n; i++)
+        running += w[i].pid != 0;
+    return running;
+}
+
+static void pf_signal_all(const struct pf_worker *w, unsigned n, int sig)
+{
+    for (unsigned i = 0; i < n; i++)
+        if (w[i].pid != 0)
+            (void)kill(w[i].pid, sig);
+}
+
+int prefork_model_run(const struct host_ctx *ctx, const sigset_t *wait_mask)
+{
+    unsigned n = ctx->opt.workers, i;
+    struct loop_census *census = loop_census_new(n, ctx->opt.max_clients, 1);
+    struct pf_worker *w = calloc(n, sizeof *w);
+    struct sigaction sa;
+    sigset_t chld, wait_chld;
+    char err[256];
+    int lfd = -1, failed = 0, told = 0;
+
+    if (census == NULL || w == NULL) {
+        host_log("error out of memory");
+        failed = 1;
+        goto out;
+    }
+    /* SIGCHLD: blocked like the stop signals, taken only while waiting. */
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = pf_on_child;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_NOCLDSTOP;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    if (sigaction(SIGCHLD, &sa, NULL) < 0 || sigprocmask(SIG_BLOCK, &chld, NULL) < 0) {
+        host_log("error sigaction: %s", strerror(errno));
+        failed = 1;
+        goto out;
+    }
+    wait_chld = *wait_mask;
+    sigdelset(&wait_chld, SIGCHLD);
+    lfd = net_listen((const struct sockaddr *)&ctx->opt.listen_addr, ctx->opt.listen_addr_len,
+                     0, err, sizeof err);
+    if (lfd < 0) {
+        host_log("error %s", err);
+        failed = 1;
+        goto out;
+    }
+    host_announce_listener(lfd);
+    for (i = 0; i < n; i++)
+        w[i].due = 1; /* now */
+    for (;;) {
+        int stops = host_stop_requests();
+        uint64_t now = host_now_ms();
+        struct timespec ts = {.tv_sec = 0, .tv_nsec = PF_POLL_MS * 1000000L};
+        unsigned running;
+        if (stops > told) {
+            if (told == 0) {
+                /* No worker accepts from now on, even one that has not seen the signal yet:
+                 * the socket is shared, and shut down it stops listening in every process. */
+                (void)shutdown(lfd, SHUT_RDWR);
+                host_log("shutdown workers=%u drain-seconds=%u", n, ctx->opt.drain_seconds);
+                (void)close(lfd);
+                lfd = -1;
+            }
+            pf_signal_all(w, n, SIGTERM); /* the second one ends their drain */
+            told = stops;
+        }
+        running = pf_reap(w, n, census, told == 0, &failed);
+        if (told == 0) {
+            for (i = 0; i < n; i++)
+                if (w[i].pid == 0 && w[i].due != 0 && w[i].due <= now)
+                    running += pf_spawn(ctx, lfd, census, &w[i], i, wait_mask) == 0;
+        } else if (running == 0) {
+            break;
+        }
+        /* A signal (stop or SIGCHLD) ends the wait early; the timeout covers respawns. */
+        (void)pselect(0, NULL, NULL, NULL, &ts, &wait_chld);
+    }
+out:
+    if (lfd >= 0)
+        (void)close(lfd);
+    free(w);
+    loop_census_free(census);
+    return failed;
+}
