@@ -123,9 +123,45 @@ int session_start(struct session *ss, smtpe_server *s, const struct sockaddr *pe
     return 0;
 }
 
+/* A name as a C string: NULL reads as "". */
+static const char *str(const char *p)
+{
+    return p ? p : "";
+}
+
+/* Replaces *dst by a heap copy of src ("" frees it). Returns 0, or -1 without memory (*dst is
+ * then unchanged). */
+static int set_str(char **dst, const char *src)
+{
+    size_t n = strlen(src);
+    char *p;
+
+    if (n == 0) {
+        free(*dst);
+        *dst = NULL;
+        return 0;
+    }
+    if ((p = realloc(*dst, n + 1)) == NULL)
+        return -1;
+    memcpy(p, src, n + 1);
+    *dst = p;
+    return 0;
+}
+
+static void clear_str(char **dst)
+{
+    free(*dst);
+    *dst = NULL;
+}
+
+const char *session_helo(const struct session *ss)
+{
+    return str(ss->helo);
+}
+
 const char *session_auth_name(const struct session *ss)
 {
-    return ss->auth_user[0] ? ss->auth_user : ss->xclient_login;
+    return ss->auth_user ? ss->auth_user : str(ss->xclient_login);
 }
 
 void session_set_end(struct session *ss, const char *reason)
@@ -152,6 +188,14 @@ void session_free(struct session *ss)
     free(ss->rcpts_buf);
     ss->rcpts_buf = NULL;
     ss->rcpts_len = ss->rcpts_cap = 0;
+    clear_str(&ss->peer_name);
+    clear_str(&ss->helo);
+    clear_str(&ss->mail);
+    clear_str(&ss->rcpt);
+    clear_str(&ss->auth_user);
+    clear_str(&ss->xclient_login);
+    free(ss->xf);
+    ss->xf = NULL;
 }
 
 /* The transaction is over (end of data, RSET, a new greeting, ...): forget its recipients, its
@@ -161,9 +205,10 @@ static void end_transaction(struct session *ss)
     session_abort(ss);
     ss->store_failed = 0;
     ss->nrcpt = 0;
-    ss->rcpt[0] = '\0';
+    clear_str(&ss->rcpt);
     ss->rcpts_len = 0;
-    memset(&ss->xf, 0, sizeof ss->xf);
+    free(ss->xf);
+    ss->xf = NULL;
 }
 
 void session_tls_up(struct session *ss, const char *version, const char *cipher, int bits,
@@ -174,10 +219,10 @@ void session_tls_up(struct session *ss, const char *version, const char *cipher,
     snprintf(ss->tls_cipher, sizeof ss->tls_cipher, "%s", cipher);
     ss->tls_bits = bits;
     ss->tls_alg_bits = alg_bits;
-    ss->helo[0] = '\0';
+    clear_str(&ss->helo);
     ss->esmtp = 0;
-    ss->auth_user[0] = '\0';
-    ss->xclient_login[0] = '\0'; /* the engine forgets authentication at STARTTLS too */
+    clear_str(&ss->auth_user);
+    clear_str(&ss->xclient_login); /* the engine forgets authentication at STARTTLS too */
     end_transaction(ss);
 }
 
@@ -260,8 +305,8 @@ static void protocol_name(const struct session *ss, char *out, size_t cap)
                                          : "SMTP";
     int plain = !ss->ctx->cfg.lmtp && !ss->smtputf8 && !ss->esmtp;
 
-    if (ss->xf.proto[0] != '\0') {
-        snprintf(out, cap, "%s", ss->xf.proto);
+    if (ss->xf != NULL && ss->xf->proto[0] != '\0') {
+        snprintf(out, cap, "%s", ss->xf->proto);
         return;
     }
     snprintf(out, cap, "%s%s%s", base, !plain && ss->tls ? "S" : "",
@@ -291,11 +336,12 @@ static const char *trace_name(const char *in, char *out, size_t cap)
 static void tcp_info(const struct session *ss, char *out, size_t cap)
 {
     char clean[HOST_NAME_MAX_LEN + 1];
-    const char *name = trace_name(ss->xf.set ? ss->xf.name : ss->peer_name, clean, sizeof clean);
-    const char *ip = ss->xf.set ? ss->xf.addr : ss->peer_ip;
-    int v6 = ss->xf.set ? ss->xf.addr_v6 : ss->peer_v6;
+    const struct session_xforward *xf = ss->xf;
+    const char *name = trace_name(xf ? xf->name : str(ss->peer_name), clean, sizeof clean);
+    const char *ip = xf ? xf->addr : ss->peer_ip;
+    int v6 = xf ? xf->addr_v6 : ss->peer_v6;
 
-    if (!ss->xf.set && ss->peer_unix)
+    if (xf == NULL && ss->peer_unix)
         snprintf(out, cap, "(unix socket)");
     else if (ip[0] != '\0')
         snprintf(out, cap, "(%s%s[%s%s])", name, name[0] ? " " : "", v6 ? "IPv6:" : "", ip);
@@ -309,8 +355,8 @@ static int write_trace(struct session *ss, time_t now)
 {
     const char *hostname = ss->ctx->opt.hostname;
     char clean[SESSION_NAME_MAX + 1];
-    const char *helo = trace_name(ss->xf.set && ss->xf.helo[0] ? ss->xf.helo : ss->helo, clean,
-                                  sizeof clean);
+    const char *helo = trace_name(ss->xf && ss->xf->helo[0] ? ss->xf->helo : str(ss->helo),
+                                  clean, sizeof clean);
     char date[64], proto[32], info[HOST_NAME_MAX_LEN + NET_IP_MAX + 16], tls[160];
     char buf[TRACE_MAX];
     int n;
@@ -326,9 +372,9 @@ static int write_trace(struct session *ss, time_t now)
                  "Return-Path: <%s>\r\n"
                  "Received: from %s %s%s\r\n"
                  "\tby %s (smtpe) with %s id %s%s%s%s; %s\r\n",
-                 ss->mail, helo[0] ? helo : "unknown", info, tls, hostname, proto,
+                 str(ss->mail), helo[0] ? helo : "unknown", info, tls, hostname, proto,
                  ss->queue_id, ss->nrcpt == 1 ? "\r\n\tfor <" : "",
-                 ss->nrcpt == 1 ? ss->rcpt : "", ss->nrcpt == 1 ? ">" : "", date);
+                 ss->nrcpt == 1 ? str(ss->rcpt) : "", ss->nrcpt == 1 ? ">" : "", date);
     if (n < 0 || (size_t)n >= sizeof buf)
         return -1;
     return maildir_msg_write(ss->msg, buf, (size_t)n);
@@ -340,26 +386,34 @@ static void log_message(const struct session *ss, uint64_t size, const char *sta
     char from[3 * SESSION_NAME_MAX + 1];
 
     host_log("message id=%s from=<%s> nrcpt=%u size=%llu status=%s%s", ss->queue_id,
-             host_log_token(from, sizeof from, ss->mail, strlen(ss->mail)), ss->nrcpt,
+             host_log_token(from, sizeof from, str(ss->mail), strlen(str(ss->mail))), ss->nrcpt,
              (unsigned long long)size, status,
              (flags & SMTPE_DATA_NORMALISED) ? " normalised" : "");
 }
 
 static int on_helo(struct session *ss, smtpe_server *s, const smtpe_event *ev)
 {
+    char tmp[SESSION_NAME_MAX + 1];
+
     end_transaction(ss); /* a greeting resets any transaction (RFC 5321 §4.1.4) */
-    if (copy_name(ss->helo, ev->helo.domain) < 0)
+    if (copy_name(tmp, ev->helo.domain) < 0)
         return smtpe_server_reply(s, 501, "5.5.4", "Hostname too long");
+    if (set_str(&ss->helo, tmp) < 0)
+        return smtpe_server_reply(s, 451, "4.3.0", LOCAL_ERROR_TEXT);
     ss->esmtp = ev->helo.esmtp;
     return smtpe_server_accept(s);
 }
 
 static int on_mail(struct session *ss, smtpe_server *s, const smtpe_event *ev)
 {
-    struct session_xforward xf = ss->xf; /* XFORWARD comes before MAIL and is for this one */
+    struct session_xforward *xf = ss->xf; /* XFORWARD comes before MAIL and is for this one */
+    char tmp[SESSION_NAME_MAX + 1];
 
-    if (copy_name(ss->mail, ev->mail.reverse_path.mailbox) < 0)
+    if (copy_name(tmp, ev->mail.reverse_path.mailbox) < 0)
         return smtpe_server_reply(s, 501, "5.1.7", "Path too long");
+    if (set_str(&ss->mail, tmp) < 0)
+        return smtpe_server_reply(s, 451, "4.3.0", LOCAL_ERROR_TEXT);
+    ss->xf = NULL;
     end_transaction(ss);
     ss->xf = xf;
     ss->smtputf8 = ev->mail.smtputf8;
@@ -407,8 +461,8 @@ static int on_rcpt(struct session *ss, smtpe_server *s, const smtpe_event *ev)
         host_log("error peer=%s rcpt: out of memory", ss->peer);
         return smtpe_server_reply(s, 452, "4.3.1", "Insufficient system storage");
     }
-    if (ss->nrcpt == 0)
-        memcpy(ss->rcpt, tmp, sizeof tmp);
+    if (ss->nrcpt == 0 && set_str(&ss->rcpt, tmp) < 0)
+        return smtpe_server_reply(s, 452, "4.3.1", "Insufficient system storage");
     ss->nrcpt++;
     ss->rcpts++;
     return smtpe_server_accept(s);
@@ -588,7 +642,14 @@ static int finish_auth(struct session *ss, smtpe_server *s, struct session_job *
         host_log("auth-failed peer=%s user=%s mechanism=%s", ss->peer, user, sj->mechanism);
         return smtpe_server_reply(s, 535, "5.7.8", "Authentication credentials invalid");
     }
-    (void)copy_text(ss->auth_user, AUTH_USER_MAX, (smtpe_span){sj->user, len});
+    {
+        char name[AUTH_USER_MAX + 1];
+        (void)copy_text(name, AUTH_USER_MAX, (smtpe_span){sj->user, len});
+        if (set_str(&ss->auth_user, name) < 0 || ss->auth_user == NULL) {
+            ss->auth_failures++; /* no memory to remember who: a temporary failure */
+            return smtpe_server_reply(s, 454, "4.7.0", "Temporary authentication failure");
+        }
+    }
     host_log("auth peer=%s auth=%s mechanism=%s", ss->peer, user, sj->mechanism);
     return smtpe_server_accept(s);
 }
@@ -803,9 +864,9 @@ static int on_xclient(struct session *ss, smtpe_server *s, const smtpe_event *ev
         if (xclient_attr(&x, &ev->xclient.attrs[i]) < 0)
             return smtpe_server_reply(s, 501, "5.5.4", "Bad XCLIENT attribute");
     end_transaction(ss);
-    ss->helo[0] = '\0';
+    clear_str(&ss->helo);
     ss->esmtp = 0;
-    ss->auth_user[0] = '\0';
+    clear_str(&ss->auth_user);
     if (!ss->xclient_seen) /* later XCLIENTs come from the same proxy */
         add_via(ss);
     ss->xclient_seen = 1;
@@ -819,12 +880,10 @@ static int on_xclient(struct session *ss, smtpe_server *s, const smtpe_event *ev
     }
     if (x.has_port)
         ss->peer_port = x.port;
-    if (x.has_name)
-        memcpy(ss->peer_name, x.name, sizeof x.name);
-    if (x.has_helo)
-        memcpy(ss->helo, x.helo, sizeof x.helo);
-    if (x.has_login)
-        memcpy(ss->xclient_login, x.login, sizeof x.login);
+    if ((x.has_name && set_str(&ss->peer_name, x.name) < 0) ||
+        (x.has_helo && set_str(&ss->helo, x.helo) < 0) ||
+        (x.has_login && set_str(&ss->xclient_login, x.login) < 0))
+        return smtpe_server_close(s, 421, "4.3.0", LOCAL_ERROR_TEXT); /* half applied */
     if (x.has_proto)
         ss->esmtp = x.esmtp;
     set_peer_text(ss);
@@ -849,8 +908,12 @@ static int copy_proto(char *dst, size_t cap, smtpe_span v)
  * header. Attributes add up over several commands. */
 static int on_xforward(struct session *ss, smtpe_server *s, const smtpe_event *ev)
 {
-    struct session_xforward xf = ss->xf;
+    struct session_xforward xf;
 
+    if (ss->xf != NULL)
+        xf = *ss->xf;
+    else
+        memset(&xf, 0, sizeof xf);
     for (size_t i = 0; i < ev->xclient.count; i++) {
         const smtpe_param *a = &ev->xclient.attrs[i];
         smtpe_span k = a->keyword, v = a->value;
@@ -877,7 +940,9 @@ static int on_xforward(struct session *ss, smtpe_server *s, const smtpe_event *e
             return smtpe_server_reply(s, 501, "5.5.4", "Bad XFORWARD attribute");
     }
     xf.set = 1;
-    ss->xf = xf;
+    if (ss->xf == NULL && (ss->xf = malloc(sizeof *ss->xf)) == NULL)
+        return smtpe_server_reply(s, 451, "4.3.0", LOCAL_ERROR_TEXT);
+    *ss->xf = xf;
     return smtpe_server_accept(s);
 }
 

@@ -49,17 +49,19 @@ struct session {
     int peer_v6;
     int peer_unix;                   /* a unix socket peer: no address */
     unsigned peer_port;
-    char peer_name[HOST_NAME_MAX_LEN + 1]; /* XCLIENT NAME (reverse DNS), "" if none */
+    char *peer_name;                 /* XCLIENT NAME (reverse DNS); NULL if none */
     char peer[NET_HOSTPORT_MAX];     /* "ip:port", "[ip6]:port", "unix" for the log */
     /* The hops that spoke for the client, comma-separated: the balancer that sent PROXY, the
      * proxy that sent XCLIENT; "" if none. */
     char via[2 * NET_HOSTPORT_MAX];
     int xclient_seen;                /* an XCLIENT was accepted */
-    char helo[SESSION_NAME_MAX + 1]; /* HELO/EHLO/LHLO argument, "" before the first */
+    /* Names are heap strings of their own length (a session holds thousands of others'
+     * worth of memory otherwise); NULL reads as "". */
+    char *helo;                      /* HELO/EHLO/LHLO argument; NULL before the first */
     int esmtp;                       /* the last greeting was EHLO or LHLO */
-    char mail[SESSION_NAME_MAX + 1]; /* reverse-path mailbox of the transaction ("" for <>) */
+    char *mail;                      /* reverse-path mailbox of the transaction ("" for <>) */
     int smtputf8;                    /* the MAIL had SMTPUTF8 */
-    char rcpt[SESSION_NAME_MAX + 1]; /* first accepted forward-path mailbox */
+    char *rcpt;                      /* first accepted forward-path mailbox */
     unsigned nrcpt;                  /* recipients accepted in this transaction */
     /* LMTP: every accepted recipient mailbox of the transaction, NUL-terminated one after the
      * other, for the per-recipient replies. Grows as recipients come, up to max_recipients
@@ -74,10 +76,10 @@ struct session {
     char tls_version[32];            /* "TLSv1.3" */
     char tls_cipher[64];             /* "TLS_AES_256_GCM_SHA384" */
     int tls_bits, tls_alg_bits;
-    char auth_user[AUTH_USER_MAX + 1]; /* user authenticated by AUTH, or "" */
-    char xclient_login[AUTH_USER_MAX + 1]; /* XCLIENT LOGIN: the user the proxy authenticated */
+    char *auth_user;                 /* user authenticated by AUTH; NULL if none */
+    char *xclient_login;             /* XCLIENT LOGIN: the user the proxy authenticated */
     unsigned auth_failures;
-    struct session_xforward xf;
+    struct session_xforward *xf;     /* XFORWARD of this transaction; NULL if none */
     unsigned mails, rcpts, datas, delivered; /* whole-session counters for the log */
     const char *end;                 /* why the session ended; NULL until known */
 };
@@ -103,6 +105,9 @@ int session_job_done(struct session *ss, smtpe_server *s);
  * Received header and the log, and forgets HELO, AUTH and XFORWARD as the engine did. */
 void session_tls_up(struct session *ss, const char *version, const char *cipher, int bits,
                     int alg_bits);
+
+/* The HELO/EHLO/LHLO argument, "" before the first. */
+const char *session_helo(const struct session *ss);
 
 /* The user the client authenticated as (by AUTH, else XCLIENT LOGIN), "" if none. */
 const char *session_auth_name(const struct session *ss);
