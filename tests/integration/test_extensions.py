@@ -1139,6 +1139,40 @@ class TestXclient(Base):
         c.cmd("XFORWARD ADDR=192.0.2.7", "502 5.5.1 Command not implemented")
 
 
+class TestBlockingOffLoop(Base):
+    """The event models run crypt(3) in a job thread: a slow password hash holds up only the
+    session that asked for it (issue 4: nothing blocks an event loop)."""
+
+    def test_slow_crypt_does_not_stall_other_sessions(self):
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            import crypt  # Python 3.11 (Debian 12) has it; the slow SHA-512 cost needs it
+        # about a second of CPU per check on this class of machine
+        h = crypt.crypt("slowpw", "$6$rounds=5000000$abcdefgh$")
+        users = os.path.join(tempfile.mkdtemp(prefix="smtpe-ext-"), "users")
+        with open(users, "w") as f:
+            f.write("slow:%s\n" % h)
+        srv = self.start("--auth-users", users, "--auth-plaintext-ok")
+        a = self.client(srv)
+        a.ehlo()
+        a.send(("AUTH PLAIN %s\r\n" % base64.b64encode(b"\0slow\0slowpw").decode()).encode())
+        # while the hash runs, a new client is greeted and served
+        b = self.client(srv)
+        b.ehlo()
+        b.cmd("NOOP", "250 2.0.0 Ok")
+        a.sock.setblocking(False)
+        try:
+            early = a.sock.recv(100)
+        except BlockingIOError:
+            early = b""
+        a.sock.setblocking(True)
+        a.sock.settimeout(60)
+        self.assertEqual(early, b"", "the AUTH verdict came before the other session was "
+                         "served: the check did not run off the loop")
+        self.assertEqual(a.reply().text, "235 2.7.0 Authentication successful")
+
+
 class TestHardening(Base):
     """Fixes from the hostile review: PROXY spoofing, trace forgery, long SASL lines."""
 
