@@ -1212,6 +1212,65 @@ class TestServer(Base):
         srv = self.start("--model", "epoll")
         self.sendmail(srv, "a@example.org", ["u@example.com"], b"Subject: epoll\r\n\r\nx\r\n")
 
+    def test_models_deliver(self):
+        for model in ("prefork", "reuseport", "threads"):
+            srv = self.start("--model", model, "--workers", "2")
+            self.assertIsNotNone(srv.wait_log(lambda l: " start model=%s" % model in l, SAFETY))
+            self.sendmail(srv, "a@example.org", ["u@example.com"],
+                          b"Subject: %s\r\n\r\nx\r\n" % model.encode())
+            self.assertEqual(srv.stop(DRAIN_BOUND), 0)
+
+    def test_prefork_replaces_a_dead_worker(self):
+        srv = self.start("--model", "prefork", "--workers", "2")
+        lines = srv.wait_log_count(lambda l: re.search(r" worker \d+ pid=\d+ started", l), 2)
+        self.assertEqual(len(lines), 2, srv.log_text())
+        slot, pid = re.search(r" worker (\d+) pid=(\d+) started", lines[0]).groups()
+        os.kill(int(pid), signal.SIGKILL)
+        self.assertIsNotNone(srv.wait_log(
+            lambda l: "worker %s pid=%s killed by signal 9" % (slot, pid) in l, SAFETY),
+            srv.log_text())
+        again = srv.wait_log(lambda l: re.search(r" worker %s pid=(?!%s\b)\d+ started"
+                                                 % (slot, pid), l), SAFETY)
+        self.assertIsNotNone(again, "no replacement worker:\n%s" % srv.log_text())
+        for i in range(6):  # both workers serve
+            self.sendmail(srv, "a@example.org", ["u@example.com"], b"Subject: %d\r\n\r\nx\r\n" % i)
+        self.assertEqual(srv.stop(DRAIN_BOUND), 0)
+
+    def test_reply_delay_holds_replies_without_blocking(self):
+        delay, n = 0.4, 8
+        srv = self.start("--reply-delay-ms", "400")
+        waits, errors = [], []
+
+        def one():
+            try:
+                t0 = time.monotonic()
+                c = Client(srv.port)  # reads the 220
+                t1 = time.monotonic()
+                c.send(b"NOOP\r\n")
+                c.expect(250)
+                t2 = time.monotonic()
+                c.cmd("QUIT", "221 2.0.0 Bye")
+                c.close()
+                waits.append((t1 - t0, t2 - t1))
+            except Exception as e:  # reported below
+                errors.append(e)
+
+        start = time.monotonic()
+        threads = [threading.Thread(target=one) for _ in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(SAFETY * 2)
+        total = time.monotonic() - start
+        self.assertEqual(errors, [])
+        self.assertEqual(len(waits), n)
+        for banner, noop in waits:  # every reply was held (a little slack for clock rounding)
+            self.assertGreaterEqual(banner, delay - 0.02)
+            self.assertGreaterEqual(noop, delay - 0.02)
+        # held one after another, n sessions would take n * 3 * delay (9.6 s); held side by side
+        # about 3 * delay. The bound only tells the two apart.
+        self.assertLess(total, n * 3 * delay / 2, "replies were held one session at a time")
+
     def test_sink(self):
         srv = self.start("--sink")
         c = self.session(srv)
