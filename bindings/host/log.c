@@ -4,20 +4,78 @@
 #include "log.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #define LOG_LINE_MAX 2048
+#define LOG_BATCH 4096 /* PIPE_BUF: one write of whole lines never interleaves with another */
+
+static pid_t log_pid;               /* cached: getpid() is a system call per line otherwise */
+static pthread_once_t log_once = PTHREAD_ONCE_INIT;
+static __thread char *batch;        /* this thread's batch (host_log_batch), NULL: none */
+static __thread size_t batch_len;
+
+static void forget_pid(void)
+{
+    log_pid = 0; /* in a forked child: its own pid from the next line on */
+}
+
+static void log_setup(void)
+{
+    (void)pthread_atfork(NULL, NULL, forget_pid);
+}
+
+static void write_all(const char *p, size_t len)
+{
+    size_t off = 0;
+
+    while (off < len) {
+        ssize_t w = write(STDERR_FILENO, p + off, len - off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return; /* nowhere to report it */
+        off += (size_t)w;
+    }
+}
+
+int host_log_batch(void)
+{
+    if (batch == NULL && (batch = malloc(LOG_BATCH)) == NULL)
+        return -1;
+    batch_len = 0;
+    return 0;
+}
+
+void host_log_flush(void)
+{
+    if (batch_len > 0)
+        write_all(batch, batch_len);
+    batch_len = 0;
+}
+
+void host_log_unbatch(void)
+{
+    host_log_flush();
+    free(batch);
+    batch = NULL;
+}
 
 void host_log(const char *fmt, ...)
 {
     char line[LOG_LINE_MAX];
     va_list ap;
-    int n = snprintf(line, sizeof line, "smtpe[%ld]: ", (long)getpid());
-    int m;
-    size_t len, off = 0;
+    int n, m;
+    size_t len;
 
+    (void)pthread_once(&log_once, log_setup);
+    if (log_pid == 0)
+        log_pid = getpid();
+    n = snprintf(line, sizeof line, "smtpe[%ld]: ", (long)log_pid);
     if (n < 0)
         return;
     va_start(ap, fmt);
@@ -29,14 +87,14 @@ void host_log(const char *fmt, ...)
     if (len > sizeof line - 2)
         len = sizeof line - 2;
     line[len++] = '\n';
-    while (off < len) {
-        ssize_t w = write(STDERR_FILENO, line + off, len - off);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return; /* nowhere to report it */
-        off += (size_t)w;
+    if (batch == NULL) {
+        write_all(line, len);
+        return;
     }
+    if (batch_len + len > LOG_BATCH)
+        host_log_flush();
+    memcpy(batch + batch_len, line, len);
+    batch_len += len;
 }
 
 char *host_log_token(char *dst, size_t cap, const void *src, size_t len)

@@ -1,7 +1,8 @@
 /*
  * log.h - the log of smtpe-server: one line per record on stderr, "smtpe[pid]: " then
- * space-separated key=value pairs. Each line goes out in a single write(2), so lines of
- * concurrent threads or processes never interleave. Message content is never logged.
+ * space-separated key=value pairs. Each line, or each batch of whole lines of at most PIPE_BUF
+ * octets (host_log_batch), goes out in a single write(2), so lines of concurrent threads or
+ * processes never interleave. Message content is never logged.
  */
 #ifndef SMTPE_HOST_LOG_H
 #define SMTPE_HOST_LOG_H
@@ -11,6 +12,17 @@
 /* Formats one record (printf-style, without the prefix and newline) and writes it. Lines
  * longer than 2 KiB are cut. */
 void host_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* From now on this thread's lines collect in a buffer (4 KiB) and go out in one write when it
+ * fills or at host_log_flush: an event loop logs a few lines per session and flushes once per
+ * wakeup, before it waits again. Returns 0, or -1 without memory (lines then go out at once). */
+int host_log_batch(void);
+
+/* Writes this thread's collected lines, if any. */
+void host_log_flush(void);
+
+/* Flushes and ends this thread's batching (lines go out one by one again). */
+void host_log_unbatch(void);
 
 /* Copies src[0..len) into dst[0..cap) as a log token: printable ASCII other than space and '%' is
  * kept and every other octet becomes %XX. Always NUL-terminates (cap > 0); truncates to

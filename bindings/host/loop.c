@@ -368,12 +368,14 @@ static int lp_housekeeping(struct loop *l, const sigset_t *wait_mask)
     return 0;
 }
 
-int loop_run(struct loop *l, const sigset_t *wait_mask)
+static int lp_run(struct loop *l, const sigset_t *wait_mask)
 {
     struct epoll_event evs[LOOP_MAX_EVENTS];
 
     while (!lp_housekeeping(l, wait_mask)) {
-        int n = epoll_pwait(l->epfd, evs, LOOP_MAX_EVENTS, lp_timeout(l, host_now_ms()),
+        int n;
+        host_log_flush(); /* the lines of this round, before waiting */
+        n = epoll_pwait(l->epfd, evs, LOOP_MAX_EVENTS, lp_timeout(l, host_now_ms()),
                             wait_mask);
         if (n < 0) {
             if (errno == EINTR)
@@ -400,6 +402,16 @@ int loop_run(struct loop *l, const sigset_t *wait_mask)
         }
     }
     return 0;
+}
+
+int loop_run(struct loop *l, const sigset_t *wait_mask)
+{
+    int rc;
+
+    (void)host_log_batch();
+    rc = lp_run(l, wait_mask);
+    host_log_unbatch();
+    return rc;
 }
 
 void loop_stop(struct loop *l, int level)
