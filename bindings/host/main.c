@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "auth.h"
@@ -129,6 +130,18 @@ static void log_start(const struct host_ctx *ctx, const struct host_model *model
              o->proxy_protocol ? " proxy-protocol" : "", o->xclient_count ? " xclient" : "");
 }
 
+/* Every session holds a socket, and a file while a message is stored: take as many descriptors
+ * as the hard limit allows (the soft limit is often 1024). */
+static void raise_fd_limit(void)
+{
+    struct rlimit rl;
+
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        (void)setrlimit(RLIMIT_NOFILE, &rl);
+    }
+}
+
 int main(int argc, char **argv)
 {
     static struct host_ctx ctx;
@@ -169,6 +182,7 @@ int main(int argc, char **argv)
         tls_server_free(ctx.tls);
         return 1;
     }
+    raise_fd_limit();
     log_start(&ctx, model);
     rc = model->run(&ctx, &wait_mask);
     unix_path = net_unix_path((const struct sockaddr *)&ctx.opt.listen_addr);
