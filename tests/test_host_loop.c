@@ -1,8 +1,9 @@
 /*
  * test_host_loop.c - unit tests of the host glue the event models share: the deadline heap
  * (bindings/host/timers.c) against a brute-force reference under random operations, and the
- * job pool (bindings/host/jobs.c): every job runs once on a pool thread, comes back through
- * the eventfd, and the pool drains at free.
+ * job pool (bindings/host/jobs.c): every job runs once on a thread of its queue, comes back
+ * through the eventfd, a job cancelled before it starts gets its cancel instead of its run, one
+ * queue does not wait behind the other, and the pool drains at free.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,6 +14,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "jobs.h"
 #include "timers.h"
@@ -70,7 +72,7 @@ static void test_timer_heap_random(void **state)
 struct counted_job {
     struct job base;
     pthread_t ran_on;
-    int runs;
+    int runs, cancels;
 };
 
 static void count_run(struct job *j)
@@ -80,6 +82,13 @@ static void count_run(struct job *j)
     c->runs++;
 }
 
+static void count_cancel(struct job *j)
+{
+    ((struct counted_job *)j)->cancels++;
+}
+
+static const unsigned two_queues[JOB_QUEUES] = {3, 2};
+
 /* 1000 jobs through 3 threads: each runs once, off the submitting thread, and each comes back
  * exactly once through job_pool_done, woken by the eventfd. */
 static void test_job_pool_round_trip(void **state)
@@ -87,7 +96,7 @@ static void test_job_pool_round_trip(void **state)
     enum { N = 1000 };
     struct counted_job *jobs = calloc(N, sizeof *jobs);
     char err[128];
-    struct job_pool *p = job_pool_new(3, err, sizeof err);
+    struct job_pool *p = job_pool_new(two_queues, err, sizeof err);
     size_t back = 0;
     (void)state;
 
@@ -95,7 +104,9 @@ static void test_job_pool_round_trip(void **state)
     assert_non_null(p);
     for (size_t i = 0; i < N; i++) {
         jobs[i].base.run = count_run;
+        jobs[i].base.cancel = count_cancel;
         jobs[i].base.owner = &jobs[i];
+        jobs[i].base.queue = i % JOB_QUEUES;
         job_submit(p, &jobs[i].base);
     }
     while (back < N) {
@@ -120,17 +131,88 @@ static void test_job_pool_free_drains(void **state)
     enum { N = 200 };
     struct counted_job jobs[N] = {0};
     char err[128];
-    struct job_pool *p = job_pool_new(2, err, sizeof err);
+    struct job_pool *p = job_pool_new(two_queues, err, sizeof err);
     (void)state;
 
     assert_non_null(p);
     for (size_t i = 0; i < N; i++) {
         jobs[i].base.run = count_run;
+        jobs[i].base.cancel = count_cancel;
         job_submit(p, &jobs[i].base);
     }
     job_pool_free(p);
     for (size_t i = 0; i < N; i++)
         assert_int_equal(jobs[i].runs, 1);
+}
+
+/* A job that blocks its queue's only thread until released. */
+struct gate_job {
+    struct job base;
+    pthread_mutex_t m;
+    pthread_cond_t c;
+    int open;
+};
+
+static void gate_run(struct job *j)
+{
+    struct gate_job *g = (struct gate_job *)j;
+    pthread_mutex_lock(&g->m);
+    while (!g->open)
+        pthread_cond_wait(&g->c, &g->m);
+    pthread_mutex_unlock(&g->m);
+}
+
+/* The AUTH queue's thread is stuck; a store job still runs and comes back, and a job cancelled
+ * while it waited behind the stuck one gets its cancel, not its run. */
+static void test_job_pool_queues_and_cancel(void **state)
+{
+    static const unsigned one_each[JOB_QUEUES] = {1, 1};
+    char err[128];
+    struct job_pool *p = job_pool_new(one_each, err, sizeof err);
+    struct gate_job gate;
+    struct counted_job store = {0}, waiting = {0};
+    struct pollfd pfd;
+    struct job *j;
+    size_t back = 0;
+    (void)state;
+
+    assert_non_null(p);
+    memset(&gate, 0, sizeof gate);
+    pthread_mutex_init(&gate.m, NULL);
+    pthread_cond_init(&gate.c, NULL);
+    gate.base.run = gate_run;
+    gate.base.queue = JOB_QUEUE_AUTH;
+    job_submit(p, &gate.base);
+    waiting.base.run = count_run;
+    waiting.base.cancel = count_cancel;
+    waiting.base.queue = JOB_QUEUE_AUTH;
+    job_submit(p, &waiting.base);
+    job_cancel(&waiting.base);
+    store.base.run = count_run;
+    store.base.cancel = count_cancel;
+    store.base.queue = JOB_QUEUE_STORE;
+    job_submit(p, &store.base);
+    pfd = (struct pollfd){.fd = job_pool_fd(p), .events = POLLIN};
+    assert_int_equal(poll(&pfd, 1, 10000), 1);
+    j = job_pool_done(p);
+    assert_ptr_equal(j, &store.base); /* the stuck AUTH queue did not hold it */
+    assert_null(j->next);
+    assert_int_equal(store.runs, 1);
+    pthread_mutex_lock(&gate.m);
+    gate.open = 1;
+    pthread_cond_signal(&gate.c);
+    pthread_mutex_unlock(&gate.m);
+    while (back < 2) {
+        pfd = (struct pollfd){.fd = job_pool_fd(p), .events = POLLIN};
+        assert_int_equal(poll(&pfd, 1, 10000), 1);
+        for (j = job_pool_done(p); j != NULL; j = j->next)
+            back++;
+    }
+    assert_int_equal(waiting.runs, 0);
+    assert_int_equal(waiting.cancels, 1);
+    job_pool_free(p);
+    pthread_cond_destroy(&gate.c);
+    pthread_mutex_destroy(&gate.m);
 }
 
 int main(void)
@@ -139,6 +221,7 @@ int main(void)
         cmocka_unit_test(test_timer_heap_random),
         cmocka_unit_test(test_job_pool_round_trip),
         cmocka_unit_test(test_job_pool_free_drains),
+        cmocka_unit_test(test_job_pool_queues_and_cancel),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

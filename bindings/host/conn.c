@@ -551,6 +551,11 @@ unsigned conn_on_writable(struct conn *c, uint64_t now_ms)
     return done(c, progress(c, now_ms));
 }
 
+int conn_storing(const struct conn *c)
+{
+    return session_storing(&c->ss);
+}
+
 unsigned conn_on_job(struct conn *c, uint64_t now_ms)
 {
     int rc = session_job_done(&c->ss, c->s);

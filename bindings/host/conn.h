@@ -71,6 +71,9 @@ unsigned conn_on_writable(struct conn *c, uint64_t now_ms);
  * and goes on. Returns CONN_* bits. */
 unsigned conn_on_job(struct conn *c, uint64_t now_ms);
 
+/* Whether c waits for a message's commit (the 250 or 451 follows when the job is back). */
+int conn_storing(const struct conn *c);
+
 /* The time conn_expiry gave has come (calling it early is harmless). Returns CONN_* bits. */
 unsigned conn_on_timer(struct conn *c, uint64_t now_ms);
 
@@ -82,7 +85,7 @@ uint64_t conn_expiry(const struct conn *c);
 void conn_shutdown(struct conn *c, uint64_t now_ms);
 
 /* Logs the disconnect line, closes the socket and frees c. A job of c still in the pool is
- * disowned (owner NULL): whoever takes it back frees it with free(). */
+ * disowned (owner NULL) and cancelled: whoever takes it back calls its release. */
 void conn_free(struct conn *c);
 
 /* The socket of c. */

@@ -36,10 +36,10 @@
 
 /* One connection as the loop sees it. */
 struct lconn {
-    struct conn *conn;
-    unsigned polled; /* CONN_READ|CONN_WRITE registered; 0: not in the epoll set */
+    struct conn *conn; /* NULL once closed */
+    unsigned polled;   /* CONN_READ|CONN_WRITE registered; 0: not in the epoll set */
     struct timer timer;
-    struct lconn *prev, *next;
+    struct lconn *prev, *next; /* the open connections; once closed, the graveyard */
 };
 
 struct loop {
@@ -59,6 +59,10 @@ struct loop {
     unsigned pauses;         /* pauses since then */
     struct lconn *conns;
     size_t nconns;
+    /* Closed connections whose struct may still be named by an event of the batch being
+     * handled (a job's return closed it, the same batch also holds its socket's event): freed
+     * once the batch is done. */
+    struct lconn *graveyard;
     int draining;
     uint64_t drain_deadline;
     uint8_t scratch[CONN_INPUT_BUF]; /* lent to every conn_on_* call */
@@ -128,7 +132,9 @@ static void lp_close(struct loop *l, struct lconn *lc)
         lc->next->prev = lc->prev;
     (void)timer_set(&l->timers, &lc->timer, TIMER_NONE);
     conn_free(lc->conn); /* closing the fd removes it from the epoll set */
-    free(lc);
+    lc->conn = NULL;
+    lc->next = l->graveyard;
+    l->graveyard = lc;
     l->nconns--;
     atomic_fetch_sub_explicit(&l->census->active[l->slot], 1, memory_order_relaxed);
 }
@@ -252,11 +258,22 @@ static void lp_accept(struct loop *l, uint64_t now)
     }
 }
 
+static void lp_bury(struct loop *l)
+{
+    while (l->graveyard != NULL) {
+        struct lconn *lc = l->graveyard;
+        l->graveyard = lc->next;
+        free(lc);
+    }
+}
+
 static void lp_dispatch(struct loop *l, struct lconn *lc, uint32_t events)
 {
     uint64_t now = host_now_ms();
     unsigned bits = 0;
 
+    if (lc->conn == NULL) /* closed earlier in this batch */
+        return;
     /* On EPOLLERR/EPOLLHUP both handlers run: the failing send or recv ends the session. */
     if (events & (EPOLLOUT | EPOLLERR | EPOLLHUP))
         bits = conn_on_writable(lc->conn, now);
@@ -273,7 +290,7 @@ static void lp_jobs(struct loop *l)
     for (; j != NULL; j = next) {
         next = j->next;
         if (j->owner == NULL) {
-            free(j);
+            j->release(j);
         } else {
             struct conn *c = j->owner;
             lp_after(l, conn_user(c), conn_on_job(c, host_now_ms()));
@@ -320,16 +337,24 @@ static void lp_begin_drain(struct loop *l, uint64_t now)
     l->drain_deadline = now + (uint64_t)l->ctx->opt.drain_seconds * 1000u;
 }
 
-/* The drain time is over: 421 4.3.2 to every session left. */
+/* The drain time is over: 421 4.3.2 to every session left, except those whose message is being
+ * made durable: they wait for it (lp_wait_jobs), so that a stored message is never answered
+ * 421 (the client would send it again). */
 static void lp_close_all(struct loop *l, uint64_t now)
 {
-    while (l->conns != NULL) {
-        conn_shutdown(l->conns->conn, now);
-        lp_close(l, l->conns);
+    struct lconn *lc, *next;
+
+    for (lc = l->conns; lc != NULL; lc = next) {
+        next = lc->next;
+        if (conn_storing(lc->conn))
+            continue;
+        conn_shutdown(lc->conn, now);
+        lp_close(l, lc);
     }
 }
 
-/* Waits for every job still in the pool (their connections are gone) and frees them. */
+/* Waits for every job still in the pool: a session whose message was being stored gets its
+ * verdict, then 421 4.3.2, and is closed; a job whose session is gone is released. */
 static void lp_wait_jobs(struct loop *l)
 {
     while (job_pool_busy(l->pool) > 0) {
@@ -339,9 +364,19 @@ static void lp_wait_jobs(struct loop *l)
             break;
         for (j = job_pool_done(l->pool); j != NULL; j = next) {
             next = j->next;
-            free(j); /* owner is NULL: every connection is closed */
+            if (j->owner == NULL) {
+                j->release(j);
+            } else {
+                struct conn *c = j->owner;
+                struct lconn *lc = conn_user(c);
+                uint64_t now = host_now_ms();
+                if (!(conn_on_job(c, now) & CONN_CLOSE))
+                    conn_shutdown(c, now);
+                lp_close(l, lc);
+            }
         }
     }
+    lp_close_all(l, host_now_ms()); /* none should be left; never leave one open */
 }
 
 /* Deadlines, paused accepts and the stop state, between two epoll waits. Returns 1 when the
@@ -374,6 +409,7 @@ static int lp_run(struct loop *l, const sigset_t *wait_mask)
 
     while (!lp_housekeeping(l, wait_mask)) {
         int n;
+        lp_bury(l);
         host_log_flush(); /* the lines of this round, before waiting */
         n = epoll_pwait(l->epfd, evs, LOOP_MAX_EVENTS, lp_timeout(l, host_now_ms()),
                             wait_mask);
@@ -439,6 +475,7 @@ struct loop *loop_new(const struct host_ctx *ctx, int lfd, int exclusive,
                       char *err, size_t errlen)
 {
     struct loop *l = calloc(1, sizeof *l);
+    unsigned threads[JOB_QUEUES];
 
     if (l == NULL) {
         snprintf(err, errlen, "loop: out of memory");
@@ -465,7 +502,9 @@ struct loop *loop_new(const struct host_ctx *ctx, int lfd, int exclusive,
         loop_free(l);
         return NULL;
     }
-    if ((l->pool = job_pool_new(job_threads, err, errlen)) == NULL) {
+    threads[JOB_QUEUE_STORE] = job_threads;
+    threads[JOB_QUEUE_AUTH] = (job_threads + 1) / 2;
+    if ((l->pool = job_pool_new(threads, err, errlen)) == NULL) {
         loop_free(l);
         return NULL;
     }
@@ -489,6 +528,7 @@ void loop_free(struct loop *l)
     if (l == NULL)
         return;
     job_pool_free(l->pool);
+    lp_bury(l);
     lp_close_listener(l);
     if (l->wake_fd >= 0)
         (void)close(l->wake_fd);

@@ -53,7 +53,8 @@ struct session_job {
     size_t user_len, password_len;
     uint8_t user[AUTH_USER_MAX + 1];
     uint8_t password[AUTH_PASSWORD_MAX + 1];
-    /* what the verdict needs afterwards */
+    /* what the verdict (or, with the client gone, the log) needs afterwards */
+    char queue_id[MAILDIR_QUEUE_ID_LEN + 1];
     uint64_t size;
     unsigned flags, replies;
     int authz_ok;
@@ -75,6 +76,34 @@ static void job_run(struct job *j)
     sj->password_len = 0;
 }
 
+/* The client left before the job started: nothing is stored, nothing is checked. */
+static void job_cancelled(struct job *j)
+{
+    struct session_job *sj = (struct session_job *)j;
+
+    if (sj->kind == JOB_COMMIT) {
+        maildir_msg_abort(sj->msg); /* never acknowledged: the client will send it again */
+        sj->msg = NULL;
+        sj->ok = 0;
+        sj->err = ECANCELED;
+    }
+    explicit_bzero(sj->password, sizeof sj->password);
+    sj->password_len = 0;
+}
+
+/* A job whose session has ended comes back: the message line, since the session cannot write
+ * it (a message stored whose 250 never reached the client is logged as such). */
+static void job_release(struct job *j)
+{
+    struct session_job *sj = (struct session_job *)j;
+
+    if (sj->kind == JOB_COMMIT)
+        host_log("message id=%s size=%llu status=%s client=gone", sj->queue_id,
+                 (unsigned long long)sj->size,
+                 sj->ok ? "queued-unacknowledged" : sj->err == ECANCELED ? "dropped" : "io-error");
+    free(sj);
+}
+
 /* The session's job for a new blocking step. NULL if memory runs out. */
 static struct session_job *job_get(struct session *ss)
 {
@@ -82,6 +111,8 @@ static struct session_job *job_get(struct session *ss)
         return NULL;
     memset(&ss->job->base, 0, sizeof ss->job->base);
     ss->job->base.run = job_run;
+    ss->job->base.cancel = job_cancelled;
+    ss->job->base.release = job_release;
     return ss->job;
 }
 
@@ -178,9 +209,10 @@ void session_abort(struct session *ss)
 
 void session_free(struct session *ss)
 {
-    if (ss->job != NULL && ss->job_pending)
-        ss->job->base.owner = NULL; /* the loop frees it when it comes back */
-    else
+    if (ss->job != NULL && ss->job_pending) {
+        ss->job->base.owner = NULL; /* the loop releases it when it comes back */
+        job_cancel(&ss->job->base);
+    } else
         free(ss->job);
     ss->job = NULL;
     ss->job_pending = 0;
@@ -608,6 +640,8 @@ static int on_data_end(struct session *ss, smtpe_server *s, const smtpe_event *e
                               ev->data_end.replies, 0);
     }
     sj->kind = JOB_COMMIT;
+    sj->base.queue = JOB_QUEUE_STORE;
+    memcpy(sj->queue_id, ss->queue_id, sizeof sj->queue_id);
     sj->msg = ss->msg;
     ss->msg = NULL;
     sj->size = ev->data_end.size;
@@ -667,6 +701,7 @@ static int on_auth(struct session *ss, smtpe_server *s, const smtpe_event *ev, v
     if ((sj = job_get(ss)) == NULL)
         return smtpe_server_reply(s, 454, "4.7.0", "Temporary authentication failure");
     sj->kind = JOB_AUTH;
+    sj->base.queue = JOB_QUEUE_AUTH;
     sj->db = ss->ctx->auth;
     sj->mechanism = ev->auth.mechanism_id == SMTPE_SASL_PLAIN ? "PLAIN" : "LOGIN";
     /* Acting as another user (an authorization identity other than the authentication one,
@@ -682,6 +717,11 @@ static int on_auth(struct session *ss, smtpe_server *s, const smtpe_event *ev, v
     if (job_start(ss, owner) == SESSION_WAIT)
         return SESSION_WAIT;
     return finish_auth(ss, s, sj);
+}
+
+int session_storing(const struct session *ss)
+{
+    return ss->job_pending && ss->job->kind == JOB_COMMIT;
 }
 
 int session_job_done(struct session *ss, smtpe_server *s)

@@ -97,6 +97,9 @@ int session_start(struct session *ss, smtpe_server *s, const struct sockaddr *pe
  * SMTPE_ERR_* if the engine refused a verdict (the session is then unusable). */
 int session_on_event(struct session *ss, smtpe_server *s, const smtpe_event *ev, void *owner);
 
+/* Whether a message's commit is in the pool (its verdict waits for the disk). */
+int session_storing(const struct session *ss);
+
 /* The job session_on_event submitted is back from the pool: gives the verdict that waited.
  * Returns 0 or a negative SMTPE_ERR_*. */
 int session_job_done(struct session *ss, smtpe_server *s);
@@ -119,7 +122,8 @@ void session_set_end(struct session *ss, const char *reason);
 void session_abort(struct session *ss);
 
 /* Discards the message and frees what the session holds (not ss itself). A job still in the
- * pool is disowned (owner NULL): the loop frees it with free() when it comes back. */
+ * pool is disowned (owner NULL) and cancelled (if it has not started, a message is dropped
+ * unstored, a password left unchecked); the loop calls its release when it comes back. */
 void session_free(struct session *ss);
 
 #endif

@@ -38,6 +38,22 @@ int host_signals_init(sigset_t *wait_mask)
     return 0;
 }
 
+int host_signals_stop_on(int sig, sigset_t *wait_mask)
+{
+    struct sigaction sa;
+    sigset_t block;
+
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop;
+    sigemptyset(&sa.sa_mask);
+    sigemptyset(&block);
+    sigaddset(&block, sig);
+    if (sigaction(sig, &sa, NULL) < 0 || sigprocmask(SIG_BLOCK, &block, NULL) < 0)
+        return -1;
+    sigdelset(wait_mask, sig);
+    return 0;
+}
+
 int host_stop_requests(void)
 {
     return stop_requests;

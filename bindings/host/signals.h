@@ -13,6 +13,10 @@
  * Call before any thread is started. Returns 0, or -1 with errno set. */
 int host_signals_init(sigset_t *wait_mask);
 
+/* Makes sig a stop request too (a prefork worker's SIGUSR1 from its supervisor): installs the
+ * handler, blocks sig, and takes it out of *wait_mask. Returns 0, or -1 with errno set. */
+int host_signals_stop_on(int sig, sigset_t *wait_mask);
+
 /* How many stop requests (SIGTERM/SIGINT) have arrived. */
 int host_stop_requests(void);
 

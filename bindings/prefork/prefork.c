@@ -2,8 +2,9 @@
  * prefork.c - the prefork host model: a supervisor process opens the listener and forks
  * --workers processes, each running its own event loop (host/loop.c) and accepting on the
  * shared listener (EPOLLEXCLUSIVE, so a new connection wakes one worker, not all). The
- * supervisor serves no client: it replaces a worker that dies, and at SIGTERM/SIGINT passes
- * the signal on and waits for the workers to drain.
+ * supervisor serves no client: it replaces a worker that dies, and at SIGTERM/SIGINT tells the
+ * workers (SIGUSR1; they ignore SIGTERM and SIGINT themselves) and waits for them to drain. A
+ * worker whose supervisor dies drains and exits too.
  *
  * What it demonstrates: the classic Unix server shape (Apache prefork, Postfix's master,
  * Unicorn), here with an event loop in each process, the study's winning "prefork + Fibers".
@@ -18,6 +19,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -31,6 +33,7 @@
 
 #define PF_RESPAWN_MIN_MS 1000 /* a worker that dies sooner is restarted after this long */
 #define PF_POLL_MS 100
+#define PF_STOP_SIGNAL SIGUSR1 /* the supervisor's stop request to a worker */
 
 struct pf_worker {
     pid_t pid;        /* 0: not running */
@@ -45,8 +48,9 @@ static void pf_on_child(int sig)
 
 /* The worker process: an event loop on the shared listener. Does not return. */
 static void pf_worker_main(const struct host_ctx *ctx, int lfd, struct loop_census *census,
-                           unsigned slot, const sigset_t *wait_mask)
+                           unsigned slot, const sigset_t *supervisor_wait_mask, pid_t supervisor)
 {
+    sigset_t wait_mask = *supervisor_wait_mask;
     struct sigaction sa;
     struct loop *l;
     char err[256];
@@ -55,17 +59,28 @@ static void pf_worker_main(const struct host_ctx *ctx, int lfd, struct loop_cens
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = SIG_DFL;
     (void)sigaction(SIGCHLD, &sa, NULL);
-    /* Only the supervisor's SIGTERM counts: a terminal's ^C reaches the whole process group,
-     * and with the SIGTERM passed on it would count twice and skip the drain. */
+    /* Only the supervisor's word counts, as SIGUSR1 (PF_STOP_SIGNAL): a SIGTERM or ^C sent to
+     * the whole process group (systemd's KillMode=control-group, a terminal) reaches the workers
+     * too, and counted beside the supervisor's relay it would count twice and skip the drain.
+     * If the supervisor dies, the kernel sends the same signal (PR_SET_PDEATHSIG), so no worker
+     * is left serving on its own. */
     sa.sa_handler = SIG_IGN;
     (void)sigaction(SIGINT, &sa, NULL);
+    (void)sigaction(SIGTERM, &sa, NULL);
+    if (host_signals_stop_on(PF_STOP_SIGNAL, &wait_mask) < 0 ||
+        prctl(PR_SET_PDEATHSIG, PF_STOP_SIGNAL) < 0) {
+        host_log("error worker %u: signals: %s", slot, strerror(errno));
+        _exit(1);
+    }
+    if (getppid() != supervisor) /* it died before prctl */
+        (void)raise(PF_STOP_SIGNAL);
     atomic_store(&census->active[slot], 0);
     l = loop_new(ctx, lfd, 1, census, slot, ctx->opt.job_threads, err, sizeof err);
     if (l == NULL) {
         host_log("error worker %u: %s", slot, err);
         _exit(1);
     }
-    rc = loop_run(l, wait_mask);
+    rc = loop_run(l, &wait_mask);
     loop_free(l);
     _exit(rc);
 }
@@ -73,7 +88,7 @@ static void pf_worker_main(const struct host_ctx *ctx, int lfd, struct loop_cens
 static int pf_spawn(const struct host_ctx *ctx, int lfd, struct loop_census *census,
                     struct pf_worker *w, unsigned slot, const sigset_t *wait_mask)
 {
-    pid_t pid = fork();
+    pid_t supervisor = getpid(), pid = fork();
 
     if (pid < 0) {
         host_log("error fork: %s", strerror(errno));
@@ -81,7 +96,7 @@ static int pf_spawn(const struct host_ctx *ctx, int lfd, struct loop_census *cen
         return -1;
     }
     if (pid == 0)
-        pf_worker_main(ctx, lfd, census, slot, wait_mask);
+        pf_worker_main(ctx, lfd, census, slot, wait_mask, supervisor);
     w->pid = pid;
     w->started = host_now_ms();
     w->due = 0;
@@ -185,7 +200,7 @@ int prefork_model_run(const struct host_ctx *ctx, const sigset_t *wait_mask)
                 (void)close(lfd);
                 lfd = -1;
             }
-            pf_signal_all(w, n, SIGTERM); /* the second one ends their drain */
+            pf_signal_all(w, n, PF_STOP_SIGNAL); /* the second one ends their drain */
             told = stops;
         }
         running = pf_reap(w, n, census, told == 0, &failed);

@@ -34,6 +34,28 @@
 #define TH_STACK_SIZE (128u * 1024u)
 #define TH_ACCEPT_PAUSE_MS 100 /* after EMFILE & co. */
 #define TH_POLL_MS 100         /* while draining, how often the main thread looks */
+#define TH_ERROR_LOG_MS 10000  /* at most one line per 10 s per kind of accept error */
+
+/* Rate limit of an error line: one per TH_ERROR_LOG_MS, saying how many were not logged. */
+struct th_ratelimit {
+    uint64_t logged; /* when last logged; 0: never */
+    unsigned quiet;  /* occurrences since */
+};
+
+/* Returns 1 when this occurrence may be logged (with r->quiet others before it, then reset). */
+static int th_may_log(struct th_ratelimit *r, unsigned *quiet)
+{
+    uint64_t now = host_now_ms();
+
+    if (r->logged != 0 && now - r->logged < TH_ERROR_LOG_MS) {
+        r->quiet++;
+        return 0;
+    }
+    *quiet = r->quiet;
+    r->logged = now;
+    r->quiet = 0;
+    return 1;
+}
 
 /* What every connection thread shares with the main thread. */
 struct th_shared {
@@ -43,6 +65,8 @@ struct th_shared {
     int drain_fd;                   /* readable from the first stop request on */
     int now_fd;                     /* readable from the second (drain no longer) */
 };
+
+static struct th_ratelimit th_create_errors, th_accept_errors; /* main thread only */
 
 struct th_conn {
     struct th_shared *sh;
@@ -150,8 +174,11 @@ static void th_start(struct th_shared *sh, const pthread_attr_t *attr, int fd,
     atomic_fetch_add(&sh->active, 1);
     e = pthread_create(&t, attr, th_main, tc);
     if (e != 0) {
+        unsigned quiet;
         atomic_fetch_sub(&sh->active, 1);
-        host_log("error pthread_create: %s", strerror(e));
+        if (th_may_log(&th_create_errors, &quiet))
+            host_log("error pthread_create: %s; connection refused (%u more since the last "
+                     "report)", strerror(e), quiet);
         conn_reject(sh->ctx, fd, (const struct sockaddr *)peer, host_now_ms());
         free(tc);
     }
@@ -169,8 +196,10 @@ static int th_accept(struct th_shared *sh, const pthread_attr_t *attr, int lfd)
                 continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK)
                 return 0;
-            host_log("error accept: %s; accepting paused for %d ms", strerror(errno),
-                     TH_ACCEPT_PAUSE_MS);
+            unsigned quiet;
+            if (th_may_log(&th_accept_errors, &quiet))
+                host_log("error accept: %s; accepting paused for %d ms (%u times since the "
+                         "last report)", strerror(errno), TH_ACCEPT_PAUSE_MS, quiet + 1);
             return -1;
         }
         th_start(sh, attr, fd, &ss);
