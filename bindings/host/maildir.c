@@ -166,14 +166,19 @@ struct maildir_msg *maildir_msg_begin(const struct maildir *md, const char *queu
         errno = ENAMETOOLONG;
         return NULL;
     }
-    m->fd = openat(md->tmp_fd, m->name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (m->fd < 0) {
-        int e = errno;
-        free(m);
-        errno = e;
-        return NULL;
-    }
+    m->fd = -1; /* opened when the buffer first fills, or at commit */
     return m;
+}
+
+/* Creates the file in tmp/ if that has not been done. Returns 0, or -1 (m->error set). */
+static int ensure_open(struct maildir_msg *m)
+{
+    if (m->fd >= 0 || m->error)
+        return m->error ? -1 : 0;
+    m->fd = openat(m->md->tmp_fd, m->name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (m->fd < 0)
+        m->error = errno;
+    return m->fd < 0 ? -1 : 0;
 }
 
 /* write() all of p[0..len), retrying on EINTR and short writes. */
@@ -194,7 +199,7 @@ static int write_all(int fd, const unsigned char *p, size_t len)
 
 static int flush_buf(struct maildir_msg *m)
 {
-    if (m->error == 0 && m->len > 0 && write_all(m->fd, m->buf, m->len) < 0)
+    if (ensure_open(m) == 0 && m->len > 0 && write_all(m->fd, m->buf, m->len) < 0)
         m->error = errno;
     m->len = 0;
     return m->error ? -1 : 0;
@@ -209,7 +214,7 @@ int maildir_msg_write(struct maildir_msg *m, const void *p, size_t len)
     if (len >= MAILDIR_WRITE_BUF) { /* large piece: bypass the buffer */
         if (flush_buf(m) < 0)
             return -1;
-        if (write_all(m->fd, s, len) < 0)
+        if (write_all(m->fd, s, len) < 0) /* flush_buf opened it */
             m->error = errno;
         return m->error ? -1 : 0;
     }
@@ -223,21 +228,27 @@ int maildir_msg_write(struct maildir_msg *m, const void *p, size_t len)
 int maildir_msg_commit(struct maildir_msg *m)
 {
     const struct maildir *md = m->md;
-    int fd = m->fd;
-    int e;
+    int fd, e;
 
-    if (flush_buf(m) < 0) {
-        errno = m->error;
+    if (flush_buf(m) < 0) { /* also creates the file of a message that fit the buffer */
+        e = m->error;
         goto fail;
     }
-    if (fsync(fd) < 0)
-        goto fail;
-    e = close(fd);
-    fd = -1;
-    if (e < 0)
-        goto fail;
-    if (renameat(md->tmp_fd, m->name, md->new_fd, m->name) < 0)
-        goto fail;
+    fd = m->fd;
+    m->fd = -1;
+    if (fsync(fd) < 0) {
+        e = errno;
+        (void)close(fd);
+        goto fail_created;
+    }
+    if (close(fd) < 0 && errno != EINTR) {
+        e = errno;
+        goto fail_created;
+    }
+    if (renameat(md->tmp_fd, m->name, md->new_fd, m->name) < 0) {
+        e = errno;
+        goto fail_created;
+    }
     if (fsync(md->new_fd) < 0) {
         /* Not durable: take it back, the client will be told to retry. */
         e = errno;
@@ -249,9 +260,13 @@ int maildir_msg_commit(struct maildir_msg *m)
     free(m);
     return 0;
 fail:
-    e = errno;
-    if (fd >= 0)
-        (void)close(fd);
+    if (m->fd < 0) { /* never created: nothing to remove */
+        free(m);
+        errno = e;
+        return -1;
+    }
+    (void)close(m->fd);
+fail_created:
     (void)unlinkat(md->tmp_fd, m->name, 0);
     free(m);
     errno = e;
@@ -262,8 +277,9 @@ void maildir_msg_abort(struct maildir_msg *m)
 {
     if (m == NULL)
         return;
-    if (m->fd >= 0)
+    if (m->fd >= 0) { /* created: remove it */
         (void)close(m->fd);
-    (void)unlinkat(m->md->tmp_fd, m->name, 0);
+        (void)unlinkat(m->md->tmp_fd, m->name, 0);
+    }
     free(m);
 }

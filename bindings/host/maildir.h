@@ -1,9 +1,12 @@
 /*
  * maildir.h - durable Maildir delivery (tmp/ -> fsync -> new/) and queue ids.
  *
- * A message is written through a buffered writer into DIR/tmp/<secs>.<queue id>.<host>; at commit
- * the file is flushed, fsync'd, closed, renamed into DIR/new/ and DIR/new is fsync'd, so that the
- * 250 reply goes out only once the message survives a crash. Any failure removes the file.
+ * A message is written through a 64 KiB buffered writer into DIR/tmp/<secs>.<queue id>.<host>,
+ * created only when the buffer first fills or at commit (so a message that fits the buffer
+ * holds no descriptor while its client sends it, and the loop makes no file system call for
+ * it); at commit the file is flushed, fsync'd, closed, renamed into DIR/new/ and DIR/new is
+ * fsync'd, so that the 250 reply goes out only once the message survives a crash. Any failure
+ * removes the file.
  */
 #ifndef SMTPE_HOST_MAILDIR_H
 #define SMTPE_HOST_MAILDIR_H
@@ -39,8 +42,9 @@ void maildir_queue_id(char out[MAILDIR_QUEUE_ID_LEN + 1]);
 /* One message being written. */
 struct maildir_msg;
 
-/* Creates tmp/<secs>.<queue_id>.<host> exclusively and a write buffer for it.
- * Returns the message, or NULL with errno set. */
+/* Starts a message to be stored as tmp/<secs>.<queue_id>.<host> (created exclusively once the
+ * buffer fills, or at commit) with its write buffer. Returns the message, or NULL with errno
+ * set. */
 struct maildir_msg *maildir_msg_begin(const struct maildir *md, const char *queue_id,
                                       time_t secs);
 
