@@ -419,8 +419,6 @@ bench_row() {
     t0=$EPOCHREALTIME
     if [ "$NOFILE" -lt $((c + 100)) ]; then
         note="ulimit -n is $NOFILE: too few descriptors for $c sessions"
-    elif [ "$store" = maildir ] && [ "$NOFILE" -lt $((2 * c + 100)) ]; then
-        note="ulimit -n is $NOFILE: under 2 descriptors per session (socket + Maildir file)"
     fi
 
     # Warm-up: a short run at this concurrency (up to 3000 sessions), its rate sizes the real one.
@@ -580,6 +578,49 @@ else
         na_row smtpe-server epoll sink 100 "" "load by smtp-source: not installed (Debian package postfix)"
     fi
 fi
+# Side by side: server CPU per session of smtpe epoll (sink), the null responder and smtp-sink at
+# 100 concurrent, in alternating runs (three rounds), so that the drift of a shared machine over
+# the minutes of the matrix does not decide the comparison. Sets SIDE (lines for results.md).
+SIDE=""
+cpu_once() { # NAME ROUND: prints the server CPU us/session of a run of 30000 sessions, or nothing
+    local name=$1 tag="side-$2-$1" port
+    case $name in
+        smtpe) start_server "$WORK/$tag.server.log" 10 "" "$SERVER" --listen 127.0.0.1:0 \
+                   --max-clients 20000 --hostname bench.test --drain-seconds 1 --sink ;;
+        *) port=$(free_port) || return 0
+           start_server "$WORK/$tag.server.log" 60 "$port" bash "$START_SH" "$name" "$port" "$BUILD" ;;
+    esac
+    [ -n "$SRV_PID" ] || return 0
+    run_loadgen "$WORK/$tag.warm.json" 2000 100
+    tree_stat "$SRV_PID"
+    local t0=$TREE_TICKS
+    run_loadgen "$WORK/$tag.json" 30000 100
+    tree_stat "$SRV_PID"
+    local t1=$TREE_TICKS f=""
+    json_get f failed "$LG_JSON"
+    stop_server
+    [ "$f" = 0 ] && awk -v d=$((t1 - t0)) -v hz="$CLK_TCK" 'BEGIN { printf "%.1f", d / hz * 1e6 / 30000 }'
+}
+median3() { printf '%s\n' "$@" | sort -n | awk '{ v[NR] = $1 } END { if (NR == 3) print v[2]; else if (NR > 0) print v[1] }'; }
+if [ $SMOKE = 0 ]; then
+    declare -A side
+    for round in 1 2 3; do
+        for name in smtpe null smtp-sink; do
+            log "side by side, round $round: $name"
+            v=$(cpu_once "$name" "$round")
+            [ -n "$v" ] && side[$name]+=" $v"
+        done
+    done
+    m_s=$(median3 ${side[smtpe]:-}) m_n=$(median3 ${side[null]:-}) m_k=$(median3 ${side[smtp-sink]:-})
+    SIDE=$(printf '| smtpe-server epoll --sink |%s | %s |\n| null responder |%s | %s |\n| Postfix smtp-sink |%s | %s |\n' \
+        "${side[smtpe]:-}" "${m_s:-n/a}" "${side[null]:-}" "${m_n:-n/a}" "${side[smtp-sink]:-}" "${m_k:-n/a}")
+    if [ -n "$m_s" ] && [ -n "$m_n" ] && [ -n "$m_k" ]; then
+        SIDE+=$(printf '\n\nsmtpe / null responder: **%s**; smtpe / smtp-sink: **%s** (medians).' \
+            "$(awk -v a="$m_s" -v b="$m_n" 'BEGIN { printf "%.2f", a / b }')" \
+            "$(awk -v a="$m_s" -v b="$m_k" 'BEGIN { printf "%.2f", a / b }')")
+    fi
+fi
+
 # The disk's floor under durable delivery, on the file system of the Maildir rows: files stored
 # as the Maildir delivery does (create, write, fsync, rename, fsync new/) by 4 threads (the
 # --job-threads default), no SMTP.
@@ -642,6 +683,14 @@ somax=$(cat /proc/sys/net/core/somaxconn 2>/dev/null || echo "?")
         printf 'Floor under the `maildir` rows: this disk stores %s files/s when 4 threads do nothing ' "$FLOOR"
         printf 'but what the Maildir delivery does per message (create in tmp/, write 4300 octets, fsync, '
         printf 'rename into new/, fsync new/; `smtpe-bench-fsync`, no SMTP), measured after the matrix.\n\n'
+    fi
+    if [ -n "$SIDE" ]; then
+        printf '## Side by side: server CPU per session\n\n'
+        printf 'The CPU columns above come from runs minutes apart on a shared machine. Here the '
+        printf 'same load (30 000 sessions, 100 concurrent, after 2000 to warm up) runs against '
+        printf 'the three servers in turn, three rounds, right after the matrix.\n\n'
+        printf '| server | CPU µs per session, rounds 1-3 | median |\n|---|---|---:|\n'
+        printf '%s\n\n' "$SIDE"
     fi
     printf '![sessions/s and server CPU per session](results.png)\n\n'
     printf '## Against the Ruby study\n\n'
