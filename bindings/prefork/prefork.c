@@ -162,13 +162,16 @@ int prefork_model_run(const struct host_ctx *ctx, const sigset_t *wait_mask)
         failed = 1;
         goto out;
     }
-    /* SIGCHLD: blocked like the stop signals, taken only while waiting. */
+    /* SIGCHLD: blocked like the stop signals, taken only while waiting. PF_STOP_SIGNAL too. */
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = pf_on_child;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_NOCLDSTOP;
     sigemptyset(&chld);
     sigaddset(&chld, SIGCHLD);
+    /* Blocked before any fork, so that a worker inherits it blocked: a stop request that comes
+     * before the worker has installed its handler waits for it instead of killing it. */
+    sigaddset(&chld, PF_STOP_SIGNAL);
     if (sigaction(SIGCHLD, &sa, NULL) < 0 || sigprocmask(SIG_BLOCK, &chld, NULL) < 0) {
         host_log("error sigaction: %s", strerror(errno));
         failed = 1;
@@ -176,6 +179,7 @@ int prefork_model_run(const struct host_ctx *ctx, const sigset_t *wait_mask)
     }
     wait_chld = *wait_mask;
     sigdelset(&wait_chld, SIGCHLD);
+    sigaddset(&wait_chld, PF_STOP_SIGNAL); /* the workers', never the supervisor's */
     lfd = net_listen((const struct sockaddr *)&ctx->opt.listen_addr, ctx->opt.listen_addr_len,
                      0, err, sizeof err);
     if (lfd < 0) {
