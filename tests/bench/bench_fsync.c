@@ -1,9 +1,10 @@
 /*
- * smtpe-bench-fsync: the floor under durable delivery on this disk. T threads each store M
- * files the way smtpe-server's Maildir delivery does (create tmp/NAME exclusively, write S
+ * smtpe-bench-fsync: a reference rate for durable delivery on this disk. T threads each store
+ * M files the way smtpe-server's Maildir delivery does (create tmp/NAME exclusively, write S
  * octets, fsync, close, rename into new/, fsync new/), with no SMTP at all, and it prints the
- * files per second. smtpe-server --maildir cannot store faster than this on the same disk; the
- * benchmark (run.sh) prints it beside the --maildir rows.
+ * files per second: what the file system and the disk cost by themselves, for comparison with
+ * the --maildir rows of the benchmark (run.sh prints it beside them). On a shared machine it
+ * drifts as much as they do, so it is measured before and after the matrix.
  *
  *   smtpe-bench-fsync DIR [--threads T] [--files M] [--size S]
  *
