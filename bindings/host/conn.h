@@ -15,8 +15,10 @@
  * --reply-delay-ms holds queued replies that long before the first octet goes out (a timer:
  * conn_expiry), without blocking anything else.
  *
- * Memory per connection: the struct (with the session's names, about 3.5 KiB) and the
- * engine's smtpe_server_memory_size() octets; a 16 KiB input buffer only once the engine has
+ * Memory per connection: one page-aligned slot of whole pages holding the struct (about 850
+ * octets with the session) and the engine's smtpe_server_memory_size() octets, of which an idle
+ * session touches the first 4 KiB page; the HELO name and the paths of the transaction, heap
+ * strings of their own length; a 16 KiB input buffer only once the engine has
  * left input unconsumed (a client pipelining faster than it reads replies; kept from then on),
  * otherwise input is read into the model's scratch buffer; plus a 64 KiB write buffer while a
  * message is being stored, OpenSSL's state once STARTTLS has run (its record buffers are
