@@ -282,7 +282,7 @@ static void lp_dispatch(struct loop *l, struct lconn *lc, uint32_t events)
     lp_after(l, lc, bits);
 }
 
-/* Finished jobs: each goes back to its connection, or is freed if that is gone. */
+/* Finished jobs: each goes back to its connection, or is released if that is gone. */
 static void lp_jobs(struct loop *l)
 {
     struct job *j = job_pool_done(l->pool), *next;
