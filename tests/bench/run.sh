@@ -570,7 +570,8 @@ MODELS="threads epoll prefork reuseport"
 PEERS="null smtp-sink aiosmtpd go-smtp"
 LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
 commit=$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)
-git -C "$ROOT" diff --quiet HEAD 2>/dev/null || commit="$commit (with uncommitted changes)"
+git -C "$ROOT" diff --quiet HEAD -- . ':!tests/bench/results' 2>/dev/null ||
+    commit="$commit (with uncommitted changes)" # the results it is writing do not count
 if [ $SMOKE = 1 ]; then
     NROWS=$(( $(wc -w <<<"$MODELS") * 2 + 1 ))
     for m in $MODELS; do
