@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Installs what building and testing smtpe needs on Debian 12, only the packages that are
-# missing. Idempotent; runs as root or through sudo. Usage: tests/deps.sh
+# missing, and any further packages named as arguments (tests/bench/deps.sh names the
+# benchmark's). Idempotent; runs as root or through sudo. Usage: tests/deps.sh [PACKAGE...]
 set -euo pipefail
 
 # gnuplot-nox: the plot of tests/bench/run.sh (its --smoke runs in ctest).
 # libssl-dev, libcrypt-dev: STARTTLS and AUTH in smtpe-server. openssl (certificates, password
 # hashes), haproxy (PROXY protocol) and libnet-ssleay-perl (swaks --tls): integration tests.
 PACKAGES=(build-essential cmake pkg-config clang libclang-rt-14-dev libcmocka-dev python3 swaks curl
-    libssl-dev libcrypt-dev openssl haproxy libnet-ssleay-perl gnuplot-nox)
+    libssl-dev libcrypt-dev openssl haproxy libnet-ssleay-perl gnuplot-nox "$@")
 
 if ! command -v dpkg-query >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1; then
     echo "deps.sh: not a Debian-like system (no dpkg-query/apt-get); install these yourself:" >&2
@@ -41,8 +42,21 @@ fi
 
 export DEBIAN_FRONTEND=noninteractive
 echo "deps.sh: installing ${missing[*]}"
-# Package lists may be absent (fresh image) or stale: update once, then install.
-"${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
+postfix_new=0
+if [[ " ${missing[*]} " == *" postfix "* ]]; then
+    # Postfix would ask what kind of mail server to set up; "No configuration" sets up none.
+    postfix_new=1
+    echo "postfix postfix/main_mailer_type select No configuration" |
+        "${SUDO[@]}" debconf-set-selections
+fi
+# Package lists may be absent (fresh image) or stale: update once, then install. Another apt run
+# may hold the dpkg lock: wait for it (up to 10 minutes) rather than fail.
+LOCK_WAIT=(-o DPkg::Lock::Timeout=600)
+"${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get "${LOCK_WAIT[@]}" update -q
 "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive \
-    apt-get install -y -q "${missing[@]}" </dev/null
+    apt-get "${LOCK_WAIT[@]}" install -y -q "${missing[@]}" </dev/null
+# Postfix is wanted for its smtp-sink and smtp-source only: no MTA left running.
+if ((postfix_new)) && "${SUDO[@]}" postfix status >/dev/null 2>&1; then
+    "${SUDO[@]}" postfix stop >/dev/null 2>&1 || true
+fi
 echo "deps.sh: done"
