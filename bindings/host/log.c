@@ -97,6 +97,19 @@ void host_log(const char *fmt, ...)
     batch_len += len;
 }
 
+int host_log_limited(struct host_log_limit *r, uint64_t now_ms, uint64_t period_ms,
+                     unsigned *quiet)
+{
+    if (r->logged != 0 && now_ms - r->logged < period_ms) {
+        r->quiet++;
+        return 0;
+    }
+    *quiet = r->quiet;
+    r->logged = now_ms;
+    r->quiet = 0;
+    return 1;
+}
+
 char *host_log_token(char *dst, size_t cap, const void *src, size_t len)
 {
     static const char hex[] = "0123456789ABCDEF";

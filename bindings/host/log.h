@@ -8,6 +8,7 @@
 #define SMTPE_HOST_LOG_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* Formats one record (printf-style, without the prefix and newline) and writes it. Lines
  * longer than 2 KiB are cut. */
@@ -23,6 +24,18 @@ void host_log_flush(void);
 
 /* Flushes and ends this thread's batching (lines go out one by one again). */
 void host_log_unbatch(void);
+
+/* A recurring error line logged at most once per period: the state of one kind of line. */
+struct host_log_limit {
+    uint64_t logged; /* when last logged (host_now_ms); 0: never */
+    unsigned quiet;  /* occurrences not logged since */
+};
+
+/* One occurrence at now_ms: returns 1 if its line may be logged (*quiet then gets the
+ * occurrences not logged since the last one, and the count restarts), 0 if it is to be counted
+ * only. */
+int host_log_limited(struct host_log_limit *r, uint64_t now_ms, uint64_t period_ms,
+                     unsigned *quiet);
 
 /* Copies src[0..len) into dst[0..cap) as a log token: printable ASCII other than space and '%' is
  * kept and every other octet becomes %XX. Always NUL-terminates (cap > 0); truncates to

@@ -55,8 +55,7 @@ struct loop {
     struct job_pool *pool;
     struct timer_heap timers;
     uint64_t accept_resume;  /* when to re-register a paused listener; UINT64_MAX: not paused */
-    uint64_t pause_logged;   /* when a pause was last logged, 0: never */
-    unsigned pauses;         /* pauses since then */
+    struct host_log_limit pause_log; /* accept pauses: a line per LOOP_PAUSE_LOG_MS */
     struct lconn *conns;
     size_t nconns;
     /* Closed connections whose struct may still be named by an event of the batch being
@@ -221,14 +220,11 @@ static void lp_close_listener(struct loop *l)
  * level-triggered listener. The pending connections wait in the backlog. */
 static void lp_accept_pause(struct loop *l, int err, uint64_t now)
 {
-    if (l->pause_logged == 0 || now - l->pause_logged >= LOOP_PAUSE_LOG_MS) {
+    unsigned quiet;
+
+    if (host_log_limited(&l->pause_log, now, LOOP_PAUSE_LOG_MS, &quiet))
         host_log("error accept: %s; accepting paused for %d ms (%u times since last report)",
-                 strerror(err), LOOP_ACCEPT_PAUSE_MS, l->pauses + 1);
-        l->pause_logged = now;
-        l->pauses = 0;
-    } else {
-        l->pauses++;
-    }
+                 strerror(err), LOOP_ACCEPT_PAUSE_MS, quiet + 1);
     lp_listener_poll(l, 0);
     l->accept_resume = now + LOOP_ACCEPT_PAUSE_MS;
 }

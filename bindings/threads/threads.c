@@ -36,27 +36,6 @@
 #define TH_POLL_MS 100         /* while draining, how often the main thread looks */
 #define TH_ERROR_LOG_MS 10000  /* at most one line per 10 s per kind of accept error */
 
-/* Rate limit of an error line: one per TH_ERROR_LOG_MS, saying how many were not logged. */
-struct th_ratelimit {
-    uint64_t logged; /* when last logged; 0: never */
-    unsigned quiet;  /* occurrences since */
-};
-
-/* Returns 1 when this occurrence may be logged (with r->quiet others before it, then reset). */
-static int th_may_log(struct th_ratelimit *r, unsigned *quiet)
-{
-    uint64_t now = host_now_ms();
-
-    if (r->logged != 0 && now - r->logged < TH_ERROR_LOG_MS) {
-        r->quiet++;
-        return 0;
-    }
-    *quiet = r->quiet;
-    r->logged = now;
-    r->quiet = 0;
-    return 1;
-}
-
 /* What every connection thread shares with the main thread. */
 struct th_shared {
     const struct host_ctx *ctx;
@@ -66,7 +45,7 @@ struct th_shared {
     int now_fd;                     /* readable from the second (drain no longer) */
 };
 
-static struct th_ratelimit th_create_errors, th_accept_errors; /* main thread only */
+static struct host_log_limit th_create_errors, th_accept_errors; /* main thread only */
 
 struct th_conn {
     struct th_shared *sh;
@@ -176,7 +155,7 @@ static void th_start(struct th_shared *sh, const pthread_attr_t *attr, int fd,
     if (e != 0) {
         unsigned quiet;
         atomic_fetch_sub(&sh->active, 1);
-        if (th_may_log(&th_create_errors, &quiet))
+        if (host_log_limited(&th_create_errors, host_now_ms(), TH_ERROR_LOG_MS, &quiet))
             host_log("error pthread_create: %s; connection refused (%u more since the last "
                      "report)", strerror(e), quiet);
         conn_reject(sh->ctx, fd, (const struct sockaddr *)peer, host_now_ms());
@@ -197,7 +176,8 @@ static int th_accept(struct th_shared *sh, const pthread_attr_t *attr, int lfd)
             if (errno == EAGAIN || errno == EWOULDBLOCK)
                 return 0;
             unsigned quiet;
-            if (th_may_log(&th_accept_errors, &quiet))
+            if (host_log_limited(&th_accept_errors, host_now_ms(), TH_ERROR_LOG_MS,
+                                 &quiet))
                 host_log("error accept: %s; accepting paused for %d ms (%u times since the "
                          "last report)", strerror(errno), TH_ACCEPT_PAUSE_MS, quiet + 1);
             return -1;
