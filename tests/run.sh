@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing (tests/deps.sh), then builds and runs every test in
-# three configurations, then the fuzzers briefly:
+# three configurations (all but the ctest label "long": tests/run-long.sh runs those), then the
+# fuzzers briefly:
 #   build/        gcc,   warnings as errors
 #   build-clang/  clang, warnings as errors
 #   build-asan/   clang with AddressSanitizer + UndefinedBehaviorSanitizer
@@ -66,7 +67,7 @@ run_ctest() {
     local dir=$1 log rc
     log=$(mktemp)
     set +e
-    ctest --test-dir "$dir" --output-on-failure --no-tests=error 2>&1 | tee "$log"
+    ctest --test-dir "$dir" --output-on-failure --no-tests=error -LE long 2>&1 | tee "$log"
     rc=${PIPESTATUS[0]}
     set -e
     local counts

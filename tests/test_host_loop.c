@@ -16,6 +16,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "census.h"
 #include "jobs.h"
 #include "timers.h"
 
@@ -215,6 +221,135 @@ static void test_job_pool_queues_and_cancel(void **state)
     pthread_mutex_destroy(&gate.m);
 }
 
+/* The census against a brute-force reference: random sessions entering, leaving, moving to
+ * another address (PROXY) and whole slots cleared, over few addresses (so the per-address limit
+ * is hit often) and many (so the tables fill and entries are deleted out of probe chains). */
+#define CENSUS_SLOTS 3
+#define CENSUS_MAX 40
+struct ref_session {
+    unsigned slot;
+    uint64_t key;
+};
+
+static void census_random_run(unsigned max_per_address, unsigned nkeys, uint32_t seed)
+{
+    struct census *c = census_new(CENSUS_SLOTS, CENSUS_MAX, max_per_address, 0);
+    struct ref_session open[CENSUS_MAX];
+    unsigned nopen = 0;
+    uint32_t x = seed;
+
+    assert_non_null(c);
+    for (int op = 0; op < 100000; op++) {
+        unsigned r;
+        x = x * 1103515245u + 12345u;
+        r = x >> 8;
+        if (r % 8 < 4) { /* enter */
+            unsigned slot = (r >> 3) % CENSUS_SLOTS, same = 0, expect;
+            uint64_t key = 1 + (r >> 5) % nkeys;
+            for (unsigned i = 0; i < nopen; i++)
+                same += open[i].key == key;
+            expect = nopen >= CENSUS_MAX                              ? CENSUS_FULL
+                     : max_per_address && same >= max_per_address ? CENSUS_ADDRESS_FULL
+                                                                  : CENSUS_OK;
+            assert_int_equal(census_enter(c, slot, key), expect);
+            if (expect == CENSUS_OK)
+                open[nopen++] = (struct ref_session){slot, key};
+        } else if (r % 8 < 6 && nopen > 0) { /* leave */
+            unsigned i = (r >> 3) % nopen;
+            census_leave(c, open[i].slot, open[i].key);
+            open[i] = open[--nopen];
+        } else if (r % 8 == 6 && nopen > 0) { /* a PROXY header names another client */
+            unsigned i = (r >> 3) % nopen, same = 0, expect;
+            uint64_t key = 1 + (r >> 12) % nkeys;
+            for (unsigned j = 0; j < nopen; j++)
+                same += open[j].key == key && j != i;
+            expect = key == open[i].key || !max_per_address || same < max_per_address
+                         ? CENSUS_OK
+                         : CENSUS_ADDRESS_FULL;
+            assert_int_equal(census_move(c, open[i].slot, open[i].key, key), expect);
+            if (expect == CENSUS_OK)
+                open[i].key = key;
+        } else if (r % 64 == 7) { /* a prefork worker died */
+            unsigned slot = (r >> 6) % CENSUS_SLOTS;
+            census_clear_slot(c, slot);
+            for (unsigned i = 0; i < nopen;)
+                if (open[i].slot == slot)
+                    open[i] = open[--nopen];
+                else
+                    i++;
+        }
+        assert_int_equal(census_total(c), nopen);
+    }
+    while (nopen > 0) {
+        nopen--;
+        census_leave(c, open[nopen].slot, open[nopen].key);
+    }
+    /* Empty again: every address may have max_per_address sessions at once. */
+    for (unsigned k = 1; k <= 4; k++)
+        for (unsigned i = 0; i < (max_per_address ? max_per_address : 1); i++)
+            assert_int_equal(census_enter(c, k % CENSUS_SLOTS, k), CENSUS_OK);
+    census_free(c);
+}
+
+static void test_census_random(void **state)
+{
+    (void)state;
+    census_random_run(0, 5, 1);       /* --max-clients only */
+    census_random_run(3, 4, 2);       /* few addresses: the per-address limit bites */
+    census_random_run(2, 1000, 3);    /* many addresses: table churn */
+    census_random_run(1, 60, 4);
+}
+
+static void test_census_keys(void **state)
+{
+    struct sockaddr_in a4 = {.sin_family = AF_INET};
+    struct sockaddr_in6 a6 = {.sin6_family = AF_INET6}, b6 = {.sin6_family = AF_INET6};
+    struct sockaddr un = {.sa_family = AF_UNIX};
+
+    (void)state;
+    assert_int_equal(inet_pton(AF_INET, "192.0.2.7", &a4.sin_addr), 1);
+    assert_int_equal(inet_pton(AF_INET6, "::ffff:192.0.2.7", &a6.sin6_addr), 1);
+    assert_true(census_key((struct sockaddr *)&a4) != 0);
+    /* IPv4-mapped IPv6 is the IPv4 address */
+    assert_true(census_key((struct sockaddr *)&a4) == census_key((struct sockaddr *)&a6));
+    /* one IPv6 /64 is one client; the next /64 another */
+    assert_int_equal(inet_pton(AF_INET6, "2001:db8:1:2::1", &a6.sin6_addr), 1);
+    assert_int_equal(inet_pton(AF_INET6, "2001:db8:1:2:ffff:1:2:3", &b6.sin6_addr), 1);
+    assert_true(census_key((struct sockaddr *)&a6) == census_key((struct sockaddr *)&b6));
+    assert_int_equal(inet_pton(AF_INET6, "2001:db8:1:3::1", &b6.sin6_addr), 1);
+    assert_true(census_key((struct sockaddr *)&a6) != census_key((struct sockaddr *)&b6));
+    /* no IPv6 key is an IPv4 key */
+    assert_int_equal(inet_pton(AF_INET6, "::1", &b6.sin6_addr), 1);
+    assert_true(census_key((struct sockaddr *)&b6) > 0xffffffffull + 1);
+    assert_int_equal(census_key(&un), 0);
+}
+
+/* prefork: the census in MAP_SHARED memory counts sessions entered by other processes, and a
+ * process killed while it holds the lock does not wedge the others (robust mutex). */
+static void test_census_shared(void **state)
+{
+    struct census *c = census_new(2, 10, 2, 1);
+    pid_t pid;
+    int status;
+
+    (void)state;
+    assert_non_null(c);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int ok = census_enter(c, 1, 42) == CENSUS_OK && census_enter(c, 1, 42) == CENSUS_OK;
+        _exit(ok ? 0 : 1);
+    }
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    assert_int_equal(census_total(c), 2);
+    assert_int_equal(census_enter(c, 0, 42), CENSUS_ADDRESS_FULL);
+    census_clear_slot(c, 1); /* the worker died */
+    assert_int_equal(census_enter(c, 0, 42), CENSUS_OK);
+    assert_int_equal(census_total(c), 1);
+    census_free(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -222,6 +357,9 @@ int main(void)
         cmocka_unit_test(test_job_pool_round_trip),
         cmocka_unit_test(test_job_pool_free_drains),
         cmocka_unit_test(test_job_pool_queues_and_cancel),
+        cmocka_unit_test(test_census_random),
+        cmocka_unit_test(test_census_keys),
+        cmocka_unit_test(test_census_shared),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

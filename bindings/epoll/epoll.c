@@ -24,7 +24,7 @@
 
 int epoll_model_run(const struct host_ctx *ctx, const sigset_t *wait_mask)
 {
-    struct loop_census *census = loop_census_new(1, ctx->opt.max_clients, 0);
+    struct census *census = census_new(1, ctx->opt.max_clients, ctx->opt.max_clients_per_ip, 0);
     struct loop *l;
     char err[256];
     int lfd, rc;
@@ -40,12 +40,12 @@ int epoll_model_run(const struct host_ctx *ctx, const sigset_t *wait_mask)
         host_log("error %s", err);
         if (lfd >= 0)
             (void)close(lfd);
-        loop_census_free(census);
+        census_free(census);
         return 1;
     }
     host_announce_listener(lfd);
     rc = loop_run(l, wait_mask);
     loop_free(l);
-    loop_census_free(census);
+    census_free(census);
     return rc;
 }

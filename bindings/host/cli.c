@@ -23,6 +23,9 @@ enum {
     OPT_MAX_MESSAGE_SIZE,
     OPT_MAX_RECIPIENTS,
     OPT_MAX_CLIENTS,
+    OPT_MAX_CLIENTS_PER_IP,
+    OPT_MAX_ERRORS,
+    OPT_GREET_DELAY,
     OPT_DOMAIN,
     OPT_MODEL,
     OPT_LINE_ENDING,
@@ -58,6 +61,9 @@ static const struct option long_options[] = {
     {"max-message-size", required_argument, NULL, OPT_MAX_MESSAGE_SIZE},
     {"max-recipients", required_argument, NULL, OPT_MAX_RECIPIENTS},
     {"max-clients", required_argument, NULL, OPT_MAX_CLIENTS},
+    {"max-clients-per-ip", required_argument, NULL, OPT_MAX_CLIENTS_PER_IP},
+    {"max-errors", required_argument, NULL, OPT_MAX_ERRORS},
+    {"greet-delay-ms", required_argument, NULL, OPT_GREET_DELAY},
     {"domain", required_argument, NULL, OPT_DOMAIN},
     {"model", required_argument, NULL, OPT_MODEL},
     {"line-ending", required_argument, NULL, OPT_LINE_ENDING},
@@ -102,6 +108,14 @@ void cli_usage(FILE *f)
           "  --max-message-size BYTES   largest message, 0 for no limit (default 10485760)\n"
           "  --max-recipients N         recipients per message (default 100)\n"
           "  --max-clients N            concurrent sessions; more get 421 4.7.0 (default 1000)\n"
+          "  --max-clients-per-ip N     concurrent sessions from one IPv4 address or IPv6 /64\n"
+          "                             (the PROXY header's source with --proxy-protocol);\n"
+          "                             more get 421 4.7.0 (default 0: no limit)\n"
+          "  --max-errors N             protocol errors (unknown commands, bad syntax, failed\n"
+          "                             AUTH) per session; the next gets 421 4.7.0 and the\n"
+          "                             session ends (default 20; 0: no limit)\n"
+          "  --greet-delay-ms N         hold the greeting N ms; a client that talks before it\n"
+          "                             gets 554 5.5.0 and is disconnected (default 0: off)\n"
           "  --domain D                 accept recipients in domain D only (repeatable; default\n"
           "                             any); <postmaster> is always accepted\n"
           "  --model NAME               host model (default epoll):\n"
@@ -209,6 +223,7 @@ static void set_defaults(struct host_options *o)
     o->max_message_size = 10485760;
     o->max_recipients = 100;
     o->max_clients = 1000;
+    o->max_errors = 20;
     o->model = "epoll";
     o->line_ending = SMTPE_LINE_ENDING_REFUSE;
     o->drain_seconds = 10;
@@ -264,6 +279,18 @@ static int apply(struct host_options *o, int opt, const char *arg)
                                                       : "bad --max-recipients (1-1000000)",
                                arg);
         *(opt == OPT_MAX_CLIENTS ? &o->max_clients : &o->max_recipients) = (unsigned)v;
+        return CLI_RUN;
+    case OPT_MAX_CLIENTS_PER_IP:
+    case OPT_MAX_ERRORS:
+        if (parse_number(arg, 0, 1000000, &v) < 0)
+            return usage_error(opt == OPT_MAX_ERRORS ? "bad --max-errors (0-1000000)"
+                                                     : "bad --max-clients-per-ip (0-1000000)",
+                               arg);
+        *(opt == OPT_MAX_ERRORS ? &o->max_errors : &o->max_clients_per_ip) = (unsigned)v;
+        return CLI_RUN;
+    case OPT_GREET_DELAY:
+        if (parse_number(arg, 0, 600000, &o->greet_delay_ms) < 0)
+            return usage_error("bad --greet-delay-ms (0-600000)", arg);
         return CLI_RUN;
     case OPT_DOMAIN:
         if (*arg == '\0')

@@ -40,6 +40,13 @@
 
 enum conn_tls { CONN_TLS_NONE, CONN_TLS_HANDSHAKE, CONN_TLS_UP };
 
+/* --greet-delay-ms: where the greeting is. */
+enum conn_greeting {
+    GREETING_SENT,        /* out (or no delay): input is the engine's */
+    GREETING_HELD,        /* queued and held until hold_until: input now is a pregreet */
+    GREETING_AFTER_PROXY  /* --proxy-protocol: the hold starts once the header is taken */
+};
+
 #define IO_AGAIN (-1) /* sock_recv / sock_send: the socket is not ready */
 #define IO_ERROR (-2) /* the connection failed (logged) */
 
@@ -57,6 +64,7 @@ struct conn {
     uint64_t out_since;   /* when the output now queued started waiting; 0: none queued */
     uint64_t hold_until;  /* --reply-delay-ms: queued output goes out at this time; 0: none */
     int held;             /* output is queued and held until hold_until */
+    enum conn_greeting greeting;
     uint64_t bytes_in, bytes_out;
     void *user;           /* the model's */
     /* Input: the loop's scratch buffer while a call runs; octets the engine leaves (pipelined
@@ -147,13 +155,17 @@ static void slot_put(void *p)
 #endif
 
 struct conn *conn_new(const struct host_ctx *ctx, struct job_pool *pool, uint8_t *scratch,
-                      int fd, const struct sockaddr *peer, uint64_t now_ms)
+                      int fd, const struct sockaddr *peer, const struct census_seat *seat,
+                      uint64_t now_ms)
 {
     struct conn *c = slot_get(sizeof *c + ctx->session_mem);
     int rc;
 
-    if (c == NULL)
+    if (c == NULL) {
+        if (seat != NULL && seat->census != NULL)
+            census_leave(seat->census, seat->slot, seat->key);
         return NULL;
+    }
     c->ctx = ctx;
     c->fd = fd;
     c->eof = 0;
@@ -171,6 +183,13 @@ struct conn *conn_new(const struct host_ctx *ctx, struct job_pool *pool, uint8_t
     c->own = NULL;
     c->in_off = c->in_len = 0;
     session_init(&c->ss, ctx, pool, peer);
+    if (seat != NULL)
+        c->ss.seat = *seat; /* session_free leaves it */
+    c->greeting = ctx->opt.greet_delay_ms == 0 ? GREETING_SENT
+                  : ctx->opt.proxy_protocol    ? GREETING_AFTER_PROXY
+                                               : GREETING_HELD;
+    if (c->greeting == GREETING_HELD)
+        c->hold_until = now_ms + ctx->opt.greet_delay_ms;
     rc = smtpe_server_init(&c->s, c->engine, ctx->session_mem, &ctx->cfg, now_ms);
     if (rc == 0)
         rc = session_start(&c->ss, c->s, peer);
@@ -253,7 +272,7 @@ static ssize_t flush(struct conn *c, uint64_t now_ms)
         ssize_t w;
         if (len == 0)
             break;
-        if (delay > 0) {
+        if (delay > 0 || c->greeting == GREETING_HELD) {
             if (c->hold_until == 0)
                 c->hold_until = now_ms + delay;
             if (now_ms < c->hold_until) {
@@ -267,6 +286,7 @@ static ssize_t flush(struct conn *c, uint64_t now_ms)
         if (w < 0)
             return -1;
         (void)smtpe_server_send_ack(c->s, (size_t)w);
+        c->greeting = GREETING_SENT;
         total += (size_t)w;
         c->bytes_out += (uint64_t)w;
     }
@@ -278,6 +298,18 @@ static ssize_t flush(struct conn *c, uint64_t now_ms)
     return (ssize_t)total;
 }
 
+/* The client spoke while the greeting was held: 554 5.5.0 in its place, and close. */
+static void pregreet(struct conn *c, uint64_t now_ms)
+{
+    host_log("pregreet peer=%s octets=%zu ms=%llu", c->ss.peer, c->in_len - c->in_off,
+             (unsigned long long)(now_ms - c->start_ms));
+    session_set_end(&c->ss, "pregreet");
+    (void)smtpe_server_close(c->s, 554, "5.5.0", "Protocol error: talked before the greeting");
+    c->in_off = c->in_len = 0; /* never the engine's */
+    c->greeting = GREETING_SENT;
+    c->hold_until = 1; /* no --reply-delay-ms either */
+}
+
 /* Feeds the buffered input to the engine and handles its events until it neither consumes
  * octets nor gives events. Returns 0 or a negative SMTPE_ERR_*. */
 static int pump(struct conn *c, uint64_t now_ms)
@@ -287,6 +319,18 @@ static int pump(struct conn *c, uint64_t now_ms)
     for (;;) {
         ssize_t n = 0;
         int took = 0, rc;
+        if (c->greeting == GREETING_AFTER_PROXY && pending_output(c) > 0) {
+            if (smtpe_server_want(c->s) & SMTPE_WANT_CLOSE) { /* refused: no greeting */
+                c->greeting = GREETING_SENT;
+            } else {
+                c->greeting = GREETING_HELD;
+                c->hold_until = now_ms + c->ctx->opt.greet_delay_ms;
+            }
+        }
+        if (c->greeting == GREETING_HELD && c->in_off < c->in_len) {
+            pregreet(c, now_ms);
+            break;
+        }
         if (c->in_off < c->in_len) {
             n = smtpe_server_recv(c->s, c->in + c->in_off, c->in_len - c->in_off, now_ms);
             if (n < 0)
@@ -330,6 +374,8 @@ static unsigned interest(struct conn *c)
     unsigned want = smtpe_server_want(c->s);
     int pending = pending_output(c) > 0, out = pending && !c->held;
 
+    if (c->eof && c->greeting == GREETING_HELD) /* gone before the greeting */
+        return fail(c, "eof");
     if ((want & SMTPE_WANT_CLOSE) || (c->eof && !c->ss.job_pending)) {
         if (pending)
             return readiness(c, 0, out);
@@ -664,7 +710,7 @@ void conn_free(struct conn *c)
     slot_put(c);
 }
 
-void conn_reject(const struct host_ctx *ctx, int fd, const struct sockaddr *peer,
+void conn_reject(const struct host_ctx *ctx, int fd, const struct sockaddr *peer, int why,
                  uint64_t now_ms)
 {
     smtpe_server *s;
@@ -672,7 +718,9 @@ void conn_reject(const struct host_ctx *ctx, int fd, const struct sockaddr *peer
     size_t len;
 
     if (smtpe_server_new(&s, &ctx->cfg, NULL, now_ms) == 0) {
-        if (smtpe_server_close(s, 421, "4.7.0", ctx->busy_text) == 0) {
+        if (smtpe_server_close(s, 421, "4.7.0",
+                               why == CENSUS_ADDRESS_FULL ? ctx->address_busy_text
+                                                          : ctx->busy_text) == 0) {
             const uint8_t *out = smtpe_server_send_buf(s, &len);
             ssize_t w;
             do
@@ -681,6 +729,8 @@ void conn_reject(const struct host_ctx *ctx, int fd, const struct sockaddr *peer
         }
         smtpe_server_free(s);
     }
-    host_log("reject peer=%s reason=too-many-connections", net_hostport(peer, where));
+    host_log("reject peer=%s reason=%s", net_hostport(peer, where),
+             why == CENSUS_ADDRESS_FULL ? "too-many-connections-from-address"
+                                        : "too-many-connections");
     (void)close(fd);
 }

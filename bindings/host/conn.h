@@ -13,7 +13,10 @@
  * thread.
  *
  * --reply-delay-ms holds queued replies that long before the first octet goes out (a timer:
- * conn_expiry), without blocking anything else.
+ * conn_expiry), without blocking anything else. --greet-delay-ms holds the greeting the same
+ * way (after the PROXY header, if one is expected); a client that sends anything before the
+ * greeting went out gets 554 5.5.0 in its place and is disconnected (a pregreet test: spam
+ * software that does not wait for the server to speak, RFC 5321 §3.1).
  *
  * Memory per connection: one page-aligned slot of whole pages holding the struct (about 850
  * octets with the session) and the engine's smtpe_server_memory_size() octets, of which an idle
@@ -35,6 +38,7 @@
 #include <stdint.h>
 #include <sys/socket.h>
 
+#include "census.h"
 #include "host.h"
 #include "jobs.h"
 
@@ -49,10 +53,12 @@ struct conn;
 /* Makes a connection for the accepted non-blocking socket fd (which it then owns) and queues the
  * greeting. Blocking steps go to pool (NULL: run in the caller's thread). scratch is a buffer of
  * CONN_INPUT_BUF octets the model lends to every conn_on_* call (one per thread: it is free
- * again when the call returns). Returns NULL if memory runs out (fd is then still the
- * caller's). */
+ * again when the call returns). seat is the session's place in the census (census_enter'ed;
+ * NULL: not counted): the connection takes it over and leaves it when it is freed, or at once
+ * if conn_new fails. Returns NULL if memory runs out (fd is then still the caller's). */
 struct conn *conn_new(const struct host_ctx *ctx, struct job_pool *pool, uint8_t *scratch,
-                      int fd, const struct sockaddr *peer, uint64_t now_ms);
+                      int fd, const struct sockaddr *peer, const struct census_seat *seat,
+                      uint64_t now_ms);
 
 /* The model's pointer for c (e.g. its wrapper), NULL until set. */
 void conn_set_user(struct conn *c, void *user);
@@ -93,10 +99,11 @@ void conn_free(struct conn *c);
 /* The socket of c. */
 int conn_fd(const struct conn *c);
 
-/* Refuses the accepted socket fd because the server is full: sends 421 4.7.0 "<hostname> Too
- * many connections" in place of the greeting if the socket takes it at once, logs, and closes
- * fd. */
-void conn_reject(const struct host_ctx *ctx, int fd, const struct sockaddr *peer,
+/* Refuses the accepted socket fd because the server is full (why: CENSUS_FULL) or the client's
+ * address has --max-clients-per-ip sessions (CENSUS_ADDRESS_FULL): sends 421 4.7.0 "<hostname>
+ * Too many connections[ from your address]" in place of the greeting if the socket takes it at
+ * once, logs, and closes fd. */
+void conn_reject(const struct host_ctx *ctx, int fd, const struct sockaddr *peer, int why,
                  uint64_t now_ms);
 
 #endif

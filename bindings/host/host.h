@@ -32,6 +32,9 @@ struct host_options {
     uint64_t max_message_size; /* octets; 0 = no limit */
     unsigned max_recipients;
     unsigned max_clients;      /* concurrent sessions */
+    unsigned max_clients_per_ip; /* concurrent sessions per client address; 0: no limit */
+    unsigned max_errors;       /* protocol errors per session (engine max_errors) */
+    uint64_t greet_delay_ms;   /* hold the greeting; a client talking first gets 554 5.5.0 */
     const char **domains;      /* accepted recipient domains; NULL/0: any */
     size_t domain_count;
     const char *model;         /* host model name: epoll, prefork, reuseport, threads */
@@ -67,6 +70,8 @@ struct host_ctx {
     struct tls_server *tls;    /* STARTTLS context; NULL without --tls-cert */
     struct auth_db *auth;      /* AUTH users; NULL without --auth-users */
     char busy_text[HOST_NAME_MAX_LEN + 64];     /* "<hostname> Too many connections" */
+    /* "<hostname> Too many connections from your address" */
+    char address_busy_text[HOST_NAME_MAX_LEN + 64];
     char shutdown_text[HOST_NAME_MAX_LEN + 64]; /* "<hostname> Service shutting down" */
 };
 

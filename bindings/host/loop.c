@@ -50,7 +50,7 @@ struct loop {
     int lfd_polled;          /* lfd is registered (not paused) */
     int wake_fd;             /* eventfd written by loop_stop */
     atomic_int stop_level;   /* set by loop_stop */
-    struct loop_census *census;
+    struct census *census;
     unsigned slot;
     struct job_pool *pool;
     struct timer_heap timers;
@@ -70,52 +70,6 @@ struct loop {
 /* epoll data.ptr of the descriptors that are not connections */
 static char mark_listener, mark_jobs, mark_wake;
 
-static size_t census_size(unsigned nslots)
-{
-    return sizeof(struct loop_census) + nslots * sizeof(atomic_uint);
-}
-
-struct loop_census *loop_census_new(unsigned nslots, unsigned max_clients, int shared)
-{
-    struct loop_census *c;
-
-    if (shared) {
-        c = mmap(NULL, census_size(nslots), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                 -1, 0);
-        if (c == MAP_FAILED)
-            return NULL;
-        c->shared = 1;
-    } else {
-        if ((c = malloc(census_size(nslots))) == NULL)
-            return NULL;
-        c->shared = 0;
-    }
-    c->max_clients = max_clients;
-    c->nslots = nslots;
-    for (unsigned i = 0; i < nslots; i++)
-        atomic_init(&c->active[i], 0);
-    return c;
-}
-
-void loop_census_free(struct loop_census *c)
-{
-    if (c == NULL)
-        return;
-    if (c->shared)
-        (void)munmap(c, census_size(c->nslots));
-    else
-        free(c);
-}
-
-unsigned loop_census_total(const struct loop_census *c)
-{
-    unsigned n = 0;
-
-    for (unsigned i = 0; i < c->nslots; i++)
-        n += atomic_load_explicit(&c->active[i], memory_order_relaxed);
-    return n;
-}
-
 static uint32_t lp_events(unsigned bits)
 {
     return ((bits & CONN_READ) ? EPOLLIN : 0u) | ((bits & CONN_WRITE) ? EPOLLOUT : 0u);
@@ -134,8 +88,7 @@ static void lp_close(struct loop *l, struct lconn *lc)
     lc->conn = NULL;
     lc->next = l->graveyard;
     l->graveyard = lc;
-    l->nconns--;
-    atomic_fetch_sub_explicit(&l->census->active[l->slot], 1, memory_order_relaxed);
+    l->nconns--; /* conn_free left the census */
 }
 
 /* Acts on what a conn_on_* call returned: close, or re-arm epoll and the deadline. Returns 1
@@ -170,12 +123,19 @@ static int lp_after(struct loop *l, struct lconn *lc, unsigned bits)
     return 0;
 }
 
-static void lp_add(struct loop *l, int fd, const struct sockaddr *peer, uint64_t now)
+/* A session admitted into the census with seat. */
+static void lp_add(struct loop *l, int fd, const struct sockaddr *peer,
+                   const struct census_seat *seat, uint64_t now)
 {
     struct lconn *lc = malloc(sizeof *lc);
 
-    if (lc == NULL ||
-        (lc->conn = conn_new(l->ctx, l->pool, l->scratch, fd, peer, now)) == NULL) {
+    if (lc == NULL) {
+        census_leave(seat->census, seat->slot, seat->key);
+        host_log("error accept: out of memory");
+        (void)close(fd);
+        return;
+    }
+    if ((lc->conn = conn_new(l->ctx, l->pool, l->scratch, fd, peer, seat, now)) == NULL) {
         host_log("error accept: out of memory");
         free(lc);
         (void)close(fd);
@@ -190,7 +150,6 @@ static void lp_add(struct loop *l, int fd, const struct sockaddr *peer, uint64_t
         l->conns->prev = lc;
     l->conns = lc;
     l->nconns++;
-    atomic_fetch_add_explicit(&l->census->active[l->slot], 1, memory_order_relaxed);
     lp_after(l, lc, conn_start(lc->conn, now));
 }
 
@@ -247,10 +206,15 @@ static void lp_accept(struct loop *l, uint64_t now)
             lp_accept_pause(l, errno, now);
             return;
         }
-        if (loop_census_total(l->census) >= l->census->max_clients)
-            conn_reject(l->ctx, fd, (struct sockaddr *)&ss, now);
+        struct census_seat seat = {l->census, l->slot, census_key((struct sockaddr *)&ss)};
+        int rc;
+        if (l->ctx->opt.proxy_protocol) /* the client is known from the PROXY header */
+            seat.key = 0;
+        rc = census_enter(l->census, l->slot, seat.key);
+        if (rc != CENSUS_OK)
+            conn_reject(l->ctx, fd, (struct sockaddr *)&ss, rc, now);
         else
-            lp_add(l, fd, (struct sockaddr *)&ss, now);
+            lp_add(l, fd, (struct sockaddr *)&ss, &seat, now);
     }
 }
 
@@ -467,7 +431,7 @@ static int lp_watch(struct loop *l, int fd, void *mark)
 }
 
 struct loop *loop_new(const struct host_ctx *ctx, int lfd, int exclusive,
-                      struct loop_census *census, unsigned slot, unsigned job_threads,
+                      struct census *census, unsigned slot, unsigned job_threads,
                       char *err, size_t errlen)
 {
     struct loop *l = calloc(1, sizeof *l);

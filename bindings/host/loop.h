@@ -21,27 +21,20 @@
 #include <signal.h>
 #include <stdatomic.h>
 
+#include "census.h"
 #include "host.h"
 
 #define LOOP_ACCEPT_BATCH 64 /* accepts per wakeup, so a flood cannot starve the sessions */
-
-/* The session count of a group of loops that share --max-clients: one slot per loop, in
- * memory every loop of the group can reach (MAP_SHARED for processes). */
-struct loop_census {
-    unsigned max_clients;
-    unsigned nslots;
-    int shared;            /* mmap'd MAP_SHARED */
-    atomic_uint active[];  /* sessions of each loop */
-};
 
 struct loop;
 
 /* A loop on listener lfd (which the loop closes when it drains or ends). exclusive: lfd is
  * shared with loops of other processes (EPOLLEXCLUSIVE wakes one of them, not all). census and
- * slot: the group's session count and this loop's slot in it. job_threads: threads of the
+ * slot: the group's census (census.h: --max-clients and --max-clients-per-ip) and this loop's
+ * slot in it. job_threads: threads of the
  * loop's job pool. Returns the loop, or NULL with a message in err. */
 struct loop *loop_new(const struct host_ctx *ctx, int lfd, int exclusive,
-                      struct loop_census *census, unsigned slot, unsigned job_threads,
+                      struct census *census, unsigned slot, unsigned job_threads,
                       char *err, size_t errlen);
 
 /* Serves until a stop request has been handled. Returns 0, or 1 if epoll failed. */
@@ -52,13 +45,5 @@ void loop_stop(struct loop *l, int level);
 
 /* Frees what loop_new made. */
 void loop_free(struct loop *l);
-
-/* A census of nslots slots for max_clients sessions; shared: in memory that forked processes
- * share (MAP_SHARED). Returns it, or NULL with errno set. */
-struct loop_census *loop_census_new(unsigned nslots, unsigned max_clients, int shared);
-void loop_census_free(struct loop_census *c);
-
-/* Sessions across the group. */
-unsigned loop_census_total(const struct loop_census *c);
 
 #endif

@@ -101,6 +101,7 @@ static int build_config(struct host_ctx *ctx)
     cfg->proxy_protocol = o->proxy_protocol;
     cfg->max_message_size = o->max_message_size;
     cfg->max_recipients = o->max_recipients;
+    cfg->max_errors = o->max_errors;
     cfg->line_ending = o->line_ending;
     if (o->has_command_timeout)
         cfg->command_timeout_ms = o->command_timeout_ms;
@@ -108,6 +109,8 @@ static int build_config(struct host_ctx *ctx)
         cfg->data_timeout_ms = o->data_timeout_ms;
     ctx->session_mem = smtpe_server_memory_size(cfg);
     snprintf(ctx->busy_text, sizeof ctx->busy_text, "%s Too many connections", o->hostname);
+    snprintf(ctx->address_busy_text, sizeof ctx->address_busy_text,
+             "%s Too many connections from your address", o->hostname);
     snprintf(ctx->shutdown_text, sizeof ctx->shutdown_text, "%s Service shutting down",
              o->hostname);
     return ctx->session_mem == 0 ? -1 : 0;

@@ -228,6 +228,9 @@ void session_free(struct session *ss)
     clear_str(&ss->xclient_login);
     free(ss->xf);
     ss->xf = NULL;
+    if (ss->seat.census != NULL)
+        census_leave(ss->seat.census, ss->seat.slot, ss->seat.key);
+    ss->seat.census = NULL;
 }
 
 /* The transaction is over (end of data, RSET, a new greeting, ...): forget its recipients, its
@@ -777,6 +780,15 @@ static int on_proxy(struct session *ss, smtpe_server *s, const smtpe_event *ev)
         int rc;
         add_via(ss);
         set_client(ss, family, p->src_addr, p->src_port);
+        if (ss->seat.census != NULL) { /* --max-clients-per-ip counts the real client */
+            uint64_t key = census_key_raw(family, p->src_addr);
+            if (census_move(ss->seat.census, ss->seat.slot, ss->seat.key, key) != CENSUS_OK) {
+                host_log("reject peer=%s reason=too-many-connections-from-address", ss->peer);
+                session_set_end(ss, "too-many-connections");
+                return smtpe_server_reply(s, 421, "4.7.0", ss->ctx->address_busy_text);
+            }
+            ss->seat.key = key;
+        }
         if (o->xclient_count > 0 &&
             (rc = smtpe_server_set_trusted(
                  s, ss->proxy_vouched && net_cidr_match(o->xclient_from, o->xclient_count,

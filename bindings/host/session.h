@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 
 #include "auth.h"
+#include "census.h"
 #include "host.h"
 #include "jobs.h"
 #include "maildir.h"
@@ -82,6 +83,9 @@ struct session {
     struct session_xforward *xf;     /* XFORWARD of this transaction; NULL if none */
     unsigned mails, rcpts, datas, delivered; /* whole-session counters for the log */
     const char *end;                 /* why the session ended; NULL until known */
+    /* Its place in the census (--max-clients, --max-clients-per-ip), set by conn_new and left
+     * by session_free; a PROXY header moves it to the real client's address. */
+    struct census_seat seat;
 };
 
 /* Prepares ss for a connection from peer; blocking steps go to pool (NULL: run inline). */

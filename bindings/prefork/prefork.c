@@ -47,7 +47,7 @@ static void pf_on_child(int sig)
 }
 
 /* The worker process: an event loop on the shared listener. Does not return. */
-static void pf_worker_main(const struct host_ctx *ctx, int lfd, struct loop_census *census,
+static void pf_worker_main(const struct host_ctx *ctx, int lfd, struct census *census,
                            unsigned slot, const sigset_t *supervisor_wait_mask, pid_t supervisor)
 {
     sigset_t wait_mask = *supervisor_wait_mask;
@@ -74,7 +74,7 @@ static void pf_worker_main(const struct host_ctx *ctx, int lfd, struct loop_cens
     }
     if (getppid() != supervisor) /* it died before prctl */
         (void)raise(PF_STOP_SIGNAL);
-    atomic_store(&census->active[slot], 0);
+    census_clear_slot(census, slot);
     l = loop_new(ctx, lfd, 1, census, slot, ctx->opt.job_threads, err, sizeof err);
     if (l == NULL) {
         host_log("error worker %u: %s", slot, err);
@@ -85,7 +85,7 @@ static void pf_worker_main(const struct host_ctx *ctx, int lfd, struct loop_cens
     _exit(rc);
 }
 
-static int pf_spawn(const struct host_ctx *ctx, int lfd, struct loop_census *census,
+static int pf_spawn(const struct host_ctx *ctx, int lfd, struct census *census,
                     struct pf_worker *w, unsigned slot, const sigset_t *wait_mask)
 {
     pid_t supervisor = getpid(), pid = fork();
@@ -105,7 +105,7 @@ static int pf_spawn(const struct host_ctx *ctx, int lfd, struct loop_census *cen
 }
 
 /* Reaps dead workers; while serving, schedules their replacement. Returns how many run. */
-static unsigned pf_reap(struct pf_worker *w, unsigned n, struct loop_census *census,
+static unsigned pf_reap(struct pf_worker *w, unsigned n, struct census *census,
                         int serving, int *failed)
 {
     unsigned running = 0;
@@ -118,7 +118,7 @@ static unsigned pf_reap(struct pf_worker *w, unsigned n, struct loop_census *cen
             if (w[i].pid != pid)
                 continue;
             w[i].pid = 0;
-            atomic_store(&census->active[i], 0); /* its sessions died with it */
+            census_clear_slot(census, i); /* its sessions died with it */
             if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && !serving)
                 break;
             if (WIFSIGNALED(status))
@@ -150,7 +150,7 @@ static void pf_signal_all(const struct pf_worker *w, unsigned n, int sig)
 int prefork_model_run(const struct host_ctx *ctx, const sigset_t *wait_mask)
 {
     unsigned n = ctx->opt.workers, i;
-    struct loop_census *census = loop_census_new(n, ctx->opt.max_clients, 1);
+    struct census *census = census_new(n, ctx->opt.max_clients, ctx->opt.max_clients_per_ip, 1);
     struct pf_worker *w = calloc(n, sizeof *w);
     struct sigaction sa;
     sigset_t chld, wait_chld;
@@ -222,6 +222,6 @@ out:
     if (lfd >= 0)
         (void)close(lfd);
     free(w);
-    loop_census_free(census);
+    census_free(census);
     return failed;
 }

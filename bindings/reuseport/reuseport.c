@@ -81,7 +81,7 @@ static void rp_wait(const sigset_t *wait_mask)
 int reuseport_model_run(const struct host_ctx *ctx, const sigset_t *wait_mask)
 {
     unsigned n = ctx->opt.workers, i;
-    struct loop_census *census = loop_census_new(n, ctx->opt.max_clients, 0);
+    struct census *census = census_new(n, ctx->opt.max_clients, ctx->opt.max_clients_per_ip, 0);
     struct rp_worker *w = calloc(n, sizeof *w);
     int *fds = calloc(n, sizeof *fds);
     char err[256];
@@ -156,6 +156,6 @@ stop:
 out:
     free(fds);
     free(w);
-    loop_census_free(census);
+    census_free(census);
     return rc;
 }

@@ -25,6 +25,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "host/census.h"
 #include "host/conn.h"
 #include "host/log.h"
 #include "host/models.h"
@@ -40,6 +41,7 @@
 struct th_shared {
     const struct host_ctx *ctx;
     atomic_uint active;             /* connection threads running */
+    struct census *census;          /* --max-clients, --max-clients-per-ip: one slot */
     atomic_uint_least64_t deadline; /* the drain deadline; UINT64_MAX before a stop */
     int drain_fd;                   /* readable from the first stop request on */
     int now_fd;                     /* readable from the second (drain no longer) */
@@ -51,6 +53,7 @@ struct th_conn {
     struct th_shared *sh;
     int fd;
     struct sockaddr_storage peer;
+    struct census_seat seat;
 };
 
 static short th_events(unsigned bits)
@@ -59,11 +62,12 @@ static short th_events(unsigned bits)
 }
 
 /* One connection, start to end. */
-static void th_serve(struct th_shared *sh, int fd, const struct sockaddr *peer)
+static void th_serve(struct th_shared *sh, int fd, const struct sockaddr *peer,
+                     const struct census_seat *seat)
 {
     uint8_t scratch[CONN_INPUT_BUF];
     uint64_t now = host_now_ms();
-    struct conn *c = conn_new(sh->ctx, NULL, scratch, fd, peer, now);
+    struct conn *c = conn_new(sh->ctx, NULL, scratch, fd, peer, seat, now);
     struct pollfd p[3];
     unsigned bits;
     int watch_drain = 1, watch_now = 1;
@@ -125,7 +129,7 @@ static void *th_main(void *arg)
     struct th_conn *tc = arg;
     struct th_shared *sh = tc->sh;
 
-    th_serve(sh, tc->fd, (struct sockaddr *)&tc->peer);
+    th_serve(sh, tc->fd, (struct sockaddr *)&tc->peer, &tc->seat);
     free(tc);
     atomic_fetch_sub(&sh->active, 1);
     return NULL;
@@ -134,15 +138,19 @@ static void *th_main(void *arg)
 static void th_start(struct th_shared *sh, const pthread_attr_t *attr, int fd,
                      const struct sockaddr_storage *peer)
 {
+    struct census_seat seat = {sh->census, 0, census_key((const struct sockaddr *)peer)};
     struct th_conn *tc;
     pthread_t t;
     int e;
 
-    if (atomic_load(&sh->active) >= sh->ctx->opt.max_clients) {
-        conn_reject(sh->ctx, fd, (const struct sockaddr *)peer, host_now_ms());
+    if (sh->ctx->opt.proxy_protocol) /* the client is known from the PROXY header */
+        seat.key = 0;
+    if ((e = census_enter(sh->census, 0, seat.key)) != CENSUS_OK) {
+        conn_reject(sh->ctx, fd, (const struct sockaddr *)peer, e, host_now_ms());
         return;
     }
     if ((tc = malloc(sizeof *tc)) == NULL) {
+        census_leave(sh->census, 0, seat.key);
         host_log("error accept: out of memory");
         (void)close(fd);
         return;
@@ -150,15 +158,17 @@ static void th_start(struct th_shared *sh, const pthread_attr_t *attr, int fd,
     tc->sh = sh;
     tc->fd = fd;
     tc->peer = *peer;
+    tc->seat = seat;
     atomic_fetch_add(&sh->active, 1);
     e = pthread_create(&t, attr, th_main, tc);
     if (e != 0) {
         unsigned quiet;
         atomic_fetch_sub(&sh->active, 1);
+        census_leave(sh->census, 0, seat.key);
         if (host_log_limited(&th_create_errors, host_now_ms(), TH_ERROR_LOG_MS, &quiet))
             host_log("error pthread_create: %s; connection refused (%u more since the last "
                      "report)", strerror(e), quiet);
-        conn_reject(sh->ctx, fd, (const struct sockaddr *)peer, host_now_ms());
+        conn_reject(sh->ctx, fd, (const struct sockaddr *)peer, CENSUS_FULL, host_now_ms());
         free(tc);
     }
 }
@@ -208,10 +218,12 @@ int threads_model_run(const struct host_ctx *ctx, const sigset_t *wait_mask)
     atomic_init(&sh.deadline, UINT64_MAX);
     sh.drain_fd = eventfd(0, EFD_CLOEXEC);
     sh.now_fd = eventfd(0, EFD_CLOEXEC);
-    lfd = net_listen((const struct sockaddr *)&ctx->opt.listen_addr, ctx->opt.listen_addr_len,
+    sh.census = census_new(1, ctx->opt.max_clients, ctx->opt.max_clients_per_ip, 0);
+    lfd = sh.census == NULL ? -1 : net_listen((const struct sockaddr *)&ctx->opt.listen_addr, ctx->opt.listen_addr_len,
                      0, err, sizeof err);
     if (sh.drain_fd < 0 || sh.now_fd < 0 || lfd < 0) {
-        host_log("error %s", lfd < 0 ? err : strerror(errno));
+        host_log("error %s", lfd < 0 && sh.census != NULL ? err : strerror(errno));
+        census_free(sh.census);
         if (lfd >= 0)
             (void)close(lfd);
         if (sh.drain_fd >= 0)
@@ -263,6 +275,7 @@ int threads_model_run(const struct host_ctx *ctx, const sigset_t *wait_mask)
             resume = host_now_ms() + TH_ACCEPT_PAUSE_MS;
     }
     pthread_attr_destroy(&attr);
+    census_free(sh.census); /* every thread has left it: active counts down after conn_free */
     (void)close(sh.drain_fd);
     (void)close(sh.now_fd);
     return 0;
