@@ -22,9 +22,53 @@
  * ones only, the percentiles are over successful sessions (latency: from connect() to the QUIT
  * reply), client_cpu_s is user + system CPU of this process (getrusage), peak_concurrency the
  * most sessions open at once (below --concurrency when sessions end faster than they open).
- * Exit status: 0 when no session failed, 1 when some did, 2 on a usage or setup error.
+ * Exit status: 0 when no session failed, 1 when some did (or --max-seconds stopped the run
+ * before every session ran), 2 on a usage or setup error.
  *
  *   smtpe-loadgen --connect 127.0.0.1:2525 --sessions 20000 --concurrency 1000 --sources 4
+ *
+ * Durability options (issue 5, tests/integration/test_durability.py):
+ *
+ * Sequence numbers. Session i (0-based, in the order sessions are started) has the sequence
+ * number seq = --seq-base + i (default base 0), so that successive runs against one Maildir can
+ * use disjoint ranges.
+ *
+ * --ack-log FILE (created or truncated, mode 0644): one line per session that reached the
+ * end-of-data reply or lost its connection while waiting for it (after its DATA got 354):
+ *   "<seq> <queue-id>\n"   the end-of-data reply was 250; queue-id is the token after
+ *                          "queued as " in that reply's last line, or "-" when there is none;
+ *   "<seq> FAIL <code>\n"  the end-of-data reply had another code (e.g. "7 FAIL 451");
+ *   "<seq> FAIL noreply\n" the session ended (closed, reset, timeout, --max-seconds) while the
+ *                          message was being sent or its end-of-data reply was awaited: the
+ *                          server may or may not have stored it.
+ * Each line goes out in one write(2) on an O_APPEND descriptor as soon as the reply is read
+ * (or the session fails), before any further command is sent: no buffering in this process.
+ * A session that fails before its 354 gets no line.
+ *
+ * --unique: every session sends its own message, a function of its seq N and --body-size B
+ * only, so that a checker regenerates the exact content octets (before dot-stuffing):
+ *   rng: splitmix64 with state S = N (a 64-bit unsigned integer, arithmetic modulo 2^64):
+ *        S += 0x9E3779B97F4A7C15; z = S; z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9;
+ *        z = (z ^ (z >> 27)) * 0x94D049BB133111EB; next = z ^ (z >> 31).
+ *   tag    = next & 0xFFFFFFFF, written as 8 lowercase hex digits;
+ *   r      = next; want = 49152 + (r >> 32) % 131072 when r % 10 == 0 (one message in ten,
+ *            48 KiB .. 176 KiB, across the server's 64 KiB write buffer), else
+ *            B / 2 + (r >> 32) % (B + 1) (B/2 .. 3B/2, so B is the mean of the small ones);
+ *   header = "From: <loadgen@example.org>\r\nTo: <user1@example.com>\r\n"
+ *            "Subject: smtpe-loadgen N\r\nMessage-ID: <N.TAG@loadgen>\r\n\r\n"
+ *            (N in decimal);
+ *   then, for line index i = 0, 1, 2, ... while the content so far is shorter than want
+ *   octets: v = next; L = v % 77; the line is the L octets ALPHA[(N + i) % 36 + k] for
+ *   k = 0..L-1, where ALPHA is "abcdefghijklmnopqrstuvwxyz0123456789" repeated (index mod 36),
+ *   except that its first octet becomes '.' when L > 0 and (v >> 8) % 5 == 0; then CRLF.
+ * So the content ends with CRLF, may pass want by up to 78 octets, holds empty lines, lines
+ * of one '.', and lines starting with '.' (dot-stuffed on the wire). Without --unique every
+ * session sends the same message (below, build_messages).
+ *
+ * --max-seconds S: after S seconds no new session starts and every open one fails
+ * ("max-seconds"); the JSON line then counts only the sessions that ran. With the server gone
+ * (killed), sessions fail fast (connection refused or reset) and the run still ends by itself;
+ * this is a bound for the case where something hangs.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -67,7 +111,10 @@ struct session {
     int ehlo_pipelining;   /* the EHLO reply advertised PIPELINING */
     int reply_code;        /* code of the first line of the reply being read, 0 between replies */
     uint64_t start_ns;
-    const char *out;       /* pending output (shared, never freed) */
+    long seq;              /* --seq-base + index of the session */
+    int dot_logged;        /* the --ack-log line of this session is written */
+    char *own;             /* --unique: this session's wire message (freed at finish), or NULL */
+    const char *out;       /* pending output (shared or own) */
     size_t out_len, out_off;
     size_t in_len;
     struct session *prev, *next; /* active list, oldest (first deadline) first */
@@ -78,9 +125,14 @@ struct config {
     const char *connect;
     long sessions, concurrency, body_size, rcpts, sources, timeout_ms, max_opening;
     int pipelining, quiet;
+    const char *ack_log; /* --ack-log FILE, or NULL */
+    int unique;          /* --unique */
+    long seq_base;       /* --seq-base */
+    long max_seconds;    /* --max-seconds, 0 for no cap */
 };
 
-static struct config cfg = {NULL, 1000, 100, 4096, 1, 0, 30000, 256, 0, 0};
+static struct config cfg = {NULL, 1000, 100, 4096, 1, 0, 30000, 256, 0, 0, NULL, 0, 0, 0};
+static int ack_fd = -1; /* --ack-log, O_APPEND */
 static struct sockaddr_storage target;
 static socklen_t target_len;
 static int ep = -1;
@@ -147,6 +199,12 @@ static void usage(FILE *f)
           "  --max-opening N       sessions connecting or awaiting the banner at once\n"
           "                        (default 256; see below)\n"
           "  --quiet               no progress line, no failure reasons on stderr\n"
+          "  --ack-log FILE        one line per end-of-data reply: SEQ QUEUE-ID, SEQ FAIL CODE,\n"
+          "                        or SEQ FAIL noreply (written at once, unbuffered)\n"
+          "  --unique              a different message per session, a function of its SEQ\n"
+          "                        (some over 64 KiB; see the header comment of loadgen.c)\n"
+          "  --seq-base N          SEQ of the first session (default 0); session i has N + i\n"
+          "  --max-seconds S       stop after S seconds: open sessions fail, no new one starts\n"
           "  --help                show this text\n"
           "Prints one JSON line on stdout at the end; exit 0 if no session failed.\n"
           "--max-opening keeps the server's accept queue from overflowing: with SYN cookies\n"
@@ -177,6 +235,8 @@ static void parse_args(int argc, char **argv)
             cfg.pipelining = 1;
         } else if (!strcmp(a, "--quiet")) {
             cfg.quiet = 1;
+        } else if (!strcmp(a, "--unique")) {
+            cfg.unique = 1;
         } else if (!v) {
             usage(stderr);
             die("%s: unknown option or missing value", a);
@@ -196,6 +256,12 @@ static void parse_args(int argc, char **argv)
             cfg.max_opening = parse_long(a, v, 1, 10000000L), i++;
         } else if (!strcmp(a, "--timeout-ms")) {
             cfg.timeout_ms = parse_long(a, v, 1, 86400000L), i++;
+        } else if (!strcmp(a, "--ack-log")) {
+            cfg.ack_log = v, i++;
+        } else if (!strcmp(a, "--seq-base")) {
+            cfg.seq_base = parse_long(a, v, 0, LONG_MAX - 1000000000L), i++;
+        } else if (!strcmp(a, "--max-seconds")) {
+            cfg.max_seconds = parse_long(a, v, 1, 86400L * 365), i++;
         } else {
             usage(stderr);
             die("unknown option %s", a);
@@ -259,6 +325,72 @@ static void raise_nofile(void)
     }
 }
 
+/* The wire form of msg[0..n) (CRLF lines): dot-stuffed (RFC 5321 §4.5.2) and followed by
+ * ".\r\n", in a new heap block of *wire_len octets (+1). */
+static char *stuff(const char *msg, size_t n, size_t *wire_len)
+{
+    size_t dots = 0;
+    for (size_t i = 0; i < n; i++)
+        if (msg[i] == '.' && (i == 0 || msg[i - 1] == '\n'))
+            dots++;
+    *wire_len = n + dots + 3;
+    char *wire = xmalloc(*wire_len + 1);
+    size_t w = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (msg[i] == '.' && (i == 0 || msg[i - 1] == '\n'))
+            wire[w++] = '.';
+        wire[w++] = msg[i];
+    }
+    memcpy(wire + w, ".\r\n", 3);
+    return wire;
+}
+
+/* splitmix64: the generator of --unique (the header comment gives it in full). */
+static uint64_t splitmix64(uint64_t *state)
+{
+    uint64_t z = (*state += UINT64_C(0x9E3779B97F4A7C15));
+    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
+    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
+    return z ^ (z >> 31);
+}
+
+/* --unique: the wire form (stuffed, with ".\r\n") of the message of sequence number seq, as
+ * the header comment defines it, in a new heap block of *wire_len octets. */
+static char *unique_message(long seq, size_t *wire_len)
+{
+    static const char alpha[] = "abcdefghijklmnopqrstuvwxyz0123456789";
+    uint64_t st = (uint64_t)seq;
+    uint64_t b = (uint64_t)cfg.body_size;
+    unsigned tag = (unsigned)(splitmix64(&st) & 0xFFFFFFFFu);
+    uint64_t r = splitmix64(&st);
+    size_t want = (size_t)(r % 10 == 0 ? 49152 + (r >> 32) % 131072
+                                       : b / 2 + (r >> 32) % (b + 1));
+    char hdr[256];
+    int hl = snprintf(hdr, sizeof hdr,
+                      "From: <loadgen@example.org>\r\nTo: <user1@example.com>\r\n"
+                      "Subject: smtpe-loadgen %ld\r\nMessage-ID: <%ld.%08x@loadgen>\r\n\r\n",
+                      seq, seq, tag);
+    size_t cap = (size_t)hl + want + 80; /* a line passes want by at most 78 octets */
+    char *msg = xmalloc(cap);
+    size_t p = (size_t)hl;
+    memcpy(msg, hdr, p);
+    for (uint64_t i = 0; p < want; i++) {
+        uint64_t v = splitmix64(&st);
+        size_t l = (size_t)(v % 77);
+        size_t off = (size_t)(((uint64_t)seq + i) % 36);
+        for (size_t k = 0; k < l; k++)
+            msg[p + k] = alpha[(off + k) % 36];
+        if (l > 0 && (v >> 8) % 5 == 0)
+            msg[p] = '.';
+        p += l;
+        msg[p++] = '\r';
+        msg[p++] = '\n';
+    }
+    char *wire = stuff(msg, p, wire_len);
+    free(msg);
+    return wire;
+}
+
 /* The message: a few header lines (when it fits), then lines of up to 76 octets, every 7th one
  * starting with '.'; exactly body_size octets ending with CRLF (a size of 1 gives one CRLF). */
 static void build_messages(void)
@@ -289,20 +421,7 @@ static void build_messages(void)
         msg[p++] = '\n';
         line++;
     }
-    /* Dot-stuffing. */
-    size_t dots = 0;
-    for (size_t i = 0; i < n; i++)
-        if (msg[i] == '.' && (i == 0 || msg[i - 1] == '\n'))
-            dots++;
-    wire_body_len = n + dots + 3;
-    wire_body = xmalloc(wire_body_len + 1);
-    size_t w = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (msg[i] == '.' && (i == 0 || msg[i - 1] == '\n'))
-            wire_body[w++] = '.';
-        wire_body[w++] = msg[i];
-    }
-    memcpy(wire_body + w, ".\r\n", 3);
+    wire_body = stuff(msg, n, &wire_body_len);
     free(msg);
 
     cmd_ehlo = xstrdup_len("EHLO loadgen.example.org\r\n", &len_ehlo);
@@ -328,6 +447,53 @@ static void build_messages(void)
 }
 
 /* ---------------------------------------------------------------------------------------------- */
+
+/* Appends "<seq> <what>\n" to --ack-log in one write (nothing when there is no log). */
+static void ack_line(struct session *s, const char *what, size_t what_len)
+{
+    char line[192];
+    if (ack_fd < 0 || s->dot_logged)
+        return;
+    s->dot_logged = 1;
+    int n = snprintf(line, sizeof line, "%ld %.*s\n", s->seq, (int)what_len, what);
+    if (n < 0 || (size_t)n >= sizeof line)
+        die("--ack-log: line too long");
+    for (size_t off = 0; off < (size_t)n;) {
+        ssize_t w = write(ack_fd, line + off, (size_t)n - off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            die("--ack-log %s: %s", cfg.ack_log, strerror(errno));
+        off += (size_t)w;
+    }
+}
+
+/* The end-of-data reply's last line l[0..len) with its code: logs "<seq> QUEUE-ID" for a 250
+ * ("-" when the text names none), else "<seq> FAIL <code>". */
+static void ack_reply(struct session *s, int code, const char *l, size_t len)
+{
+    static const char mark[] = "queued as ";
+    const size_t ml = sizeof mark - 1;
+    char b[16];
+    if (code != 250) {
+        int n = snprintf(b, sizeof b, "FAIL %d", code);
+        ack_line(s, b, (size_t)n);
+        return;
+    }
+    for (size_t i = 0; i + ml < len; i++) {
+        if (strncasecmp(l + i, mark, ml) != 0)
+            continue;
+        size_t st = i + ml, e = st;
+        while (e < len && e - st < 128 && l[e] > ' ' && l[e] < 0x7f)
+            e++;
+        if (e > st) {
+            ack_line(s, l + st, e - st);
+            return;
+        }
+        break;
+    }
+    ack_line(s, "-", 1);
+}
 
 static void list_remove(struct session *s)
 {
@@ -356,9 +522,13 @@ static void finish(struct session *s, int ok, const char *why, const char *detai
             fprintf(stderr, "smtpe-loadgen: session failed awaiting %s: %s%s%s\n", step_name[s->step],
                     why, detail ? ": " : "", detail ? detail : "");
     }
+    if (!ok && s->step == ST_DOT)
+        ack_line(s, "FAIL noreply", 12);
     if (s->fd >= 0)
         close(s->fd);
     s->fd = -1;
+    free(s->own);
+    s->own = NULL;
     list_remove(s);
     active--;
     free_list[free_count++] = s;
@@ -401,6 +571,7 @@ static void start_session(void)
     long idx = started++;
     memset(s, 0, offsetof(struct session, in));
     s->fd = -1;
+    s->seq = cfg.seq_base + idx;
     s->step = ST_CONNECT;
     s->start_ns = now_ns();
     s->prev = active_tail;
@@ -485,6 +656,11 @@ static int on_reply(struct session *s, int code)
         return s->pipelined ? 0 : queue_out(s, cmd_data, len_data);
     case ST_DATA:
         s->step = ST_DOT;
+        if (cfg.unique) {
+            size_t wl;
+            s->own = unique_message(s->seq, &wl);
+            return queue_out(s, s->own, wl);
+        }
         return queue_out(s, wire_body, wire_body_len);
     case ST_DOT:
         s->step = ST_QUIT;
@@ -518,6 +694,8 @@ static int on_line(struct session *s, const char *l, size_t len)
     if (len > 3 && l[3] == '-')
         return 0;
     s->reply_code = 0;
+    if (s->step == ST_DOT)
+        ack_reply(s, code, l, len);
     return on_reply(s, code);
 }
 
@@ -609,6 +787,11 @@ int main(int argc, char **argv)
     resolve_target();
     raise_nofile();
     build_messages();
+    if (cfg.ack_log) {
+        ack_fd = open(cfg.ack_log, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+        if (ack_fd < 0)
+            die("--ack-log %s: %s", cfg.ack_log, strerror(errno));
+    }
 
     slots = xmalloc(sizeof *slots * (size_t)cfg.concurrency);
     free_list = xmalloc(sizeof *free_list * (size_t)cfg.concurrency);
@@ -623,16 +806,26 @@ int main(int argc, char **argv)
 
     const uint64_t timeout_ns = (uint64_t)cfg.timeout_ms * 1000000u;
     const uint64_t t0 = now_ns();
+    const uint64_t stop_at = cfg.max_seconds ? t0 + (uint64_t)cfg.max_seconds * 1000000000u : 0;
+    int stopped = 0; /* --max-seconds passed */
     uint64_t next_progress = t0 + 1000000000u;
     long last_done = 0;
     struct epoll_event evs[512];
 
     while (done_ok + done_failed < cfg.sessions) {
+        if (stop_at && now_ns() >= stop_at) {
+            stopped = 1;
+            while (active_head)
+                finish(active_head, 0, "max-seconds", NULL);
+            break;
+        }
         while (active < cfg.concurrency && started < cfg.sessions && opening < cfg.max_opening)
             start_session();
 
         uint64_t t = now_ns();
         uint64_t wake = next_progress;
+        if (stop_at && stop_at < wake)
+            wake = stop_at;
         if (active_head && active_head->start_ns + timeout_ns < wake)
             wake = active_head->start_ns + timeout_ns;
         int wait_ms = wake > t ? (int)((wake - t + 999999) / 1000000) : 0;
@@ -669,5 +862,10 @@ int main(int argc, char **argv)
            done_ok + done_failed, done_failed, secs, secs > 0 ? (double)done_ok / secs : 0.0,
            pct_ms(0.50), pct_ms(0.95), pct_ms(0.99), cpu, peak_active);
     fflush(stdout);
-    return done_failed ? 1 : 0;
+    if (stopped && !cfg.quiet)
+        fprintf(stderr, "smtpe-loadgen: --max-seconds %ld passed: %ld of %ld sessions ran\n",
+                cfg.max_seconds, done_ok + done_failed, cfg.sessions);
+    if (ack_fd >= 0 && close(ack_fd) < 0)
+        die("--ack-log %s: %s", cfg.ack_log, strerror(errno));
+    return done_failed || stopped ? 1 : 0;
 }
