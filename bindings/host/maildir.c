@@ -8,6 +8,7 @@
  */
 #include "maildir.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -16,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MAILDIR_WRITE_BUF 65536 /* octets buffered before a write() */
@@ -121,6 +123,31 @@ int maildir_open(struct maildir *md, const char *path, const char *hostname, cha
         return -1;
     }
     return 0;
+}
+
+long maildir_sweep_tmp(struct maildir *md, time_t now, time_t max_age)
+{
+    int fd = dup(md->tmp_fd);
+    DIR *d = fd < 0 ? NULL : fdopendir(fd);
+    struct dirent *e;
+    long removed = 0;
+
+    if (d == NULL) {
+        if (fd >= 0)
+            (void)close(fd);
+        return -1;
+    }
+    while ((e = readdir(d)) != NULL) {
+        struct stat st;
+        if (e->d_name[0] == '.')
+            continue;
+        if (fstatat(md->tmp_fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+            S_ISREG(st.st_mode) && st.st_mtime < now - max_age &&
+            unlinkat(md->tmp_fd, e->d_name, 0) == 0)
+            removed++;
+    }
+    (void)closedir(d);
+    return removed;
 }
 
 void maildir_close(struct maildir *md)

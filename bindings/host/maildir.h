@@ -28,6 +28,13 @@ struct maildir {
 
 /* Creates path (and its parents), path/tmp, path/new and path/cur as needed, and opens them.
  * Returns 0, or -1 with a message in err[0..errlen). */
+/* Removes the regular files of tmp/ last modified more than max_age seconds before now: the
+ * leftovers of deliveries cut short by a crash (the Maildir convention is 36 hours, long enough
+ * that no delivery still running, ours or another agent's, is touched). Returns how many, or -1
+ * if tmp/ cannot be read. */
+long maildir_sweep_tmp(struct maildir *md, time_t now, time_t max_age);
+#define MAILDIR_TMP_MAX_AGE (36 * 3600) /* seconds */
+
 int maildir_open(struct maildir *md, const char *path, const char *hostname, char *err,
                  size_t errlen);
 

@@ -187,6 +187,12 @@ int main(int argc, char **argv)
     }
     raise_fd_limit();
     log_start(&ctx, model);
+    if (!ctx.opt.sink) {
+        long n = maildir_sweep_tmp(&ctx.maildir, time(NULL), MAILDIR_TMP_MAX_AGE);
+        if (n > 0)
+            host_log("maildir tmp/: removed %ld files older than 36 hours (deliveries cut "
+                     "short by a crash)", n);
+    }
     rc = model->run(&ctx, &wait_mask);
     unix_path = net_unix_path((const struct sockaddr *)&ctx.opt.listen_addr);
     if (unix_path != NULL && rc == 0)

@@ -456,8 +456,30 @@ def run(a):
             if os.path.getsize(os.path.join(new_dir, n)) != size:
                 raise Problem("%s changed size after it was checked" % n)
 
-        # The crashed Maildir serves again, and a clean run ends cleanly.
+        # The crashed Maildir serves again, and a clean run ends cleanly. At start the server
+        # sweeps tmp/ of files older than 36 hours (the Maildir convention for deliveries cut
+        # short): the kills' leftovers are younger, so one is aged here to see it go, while a
+        # fresh one (a delivery another agent may still be writing) must stay.
+        tmp_dir = os.path.join(maildir, "tmp")
+        leftovers = sorted(os.listdir(tmp_dir))
+        old = os.path.join(tmp_dir, "1.old-crash-leftover")
+        fresh = os.path.join(tmp_dir, "2.delivery-in-progress")
+        for path in (old, fresh):
+            with open(path, "wb") as f:
+                f.write(b"Subject: partial\r\n")
+        aged = time.time() - 37 * 3600
+        os.utime(old, (aged, aged))
+        if leftovers:
+            os.utime(os.path.join(tmp_dir, leftovers[0]), (aged, aged))
         srv = start_server(a, port, maildir, os.path.join(work, "server.final.log"))
+        gone = [p for p in (old, os.path.join(tmp_dir, leftovers[0]) if leftovers else old)
+                if os.path.exists(p)]
+        if gone or not os.path.exists(fresh):
+            raise Problem("tmp/ sweep at start: aged files left %r, fresh file kept: %s"
+                          % (gone, os.path.exists(fresh)))
+        if "maildir tmp/: removed %d files" % (2 if leftovers else 1) not in srv.text():
+            raise Problem("no log line for the tmp/ sweep:\n%s" % srv.text()[-2000:])
+        os.unlink(fresh)
         base = (a.rounds + 1) * SEQ_STRIDE
         ack = os.path.join(work, "acks.final")
         outp, errp = os.path.join(work, "lg.final.json"), os.path.join(work, "lg.final.err")
