@@ -99,7 +99,8 @@ static int valid_user(const char *s, size_t n)
 }
 
 /* Whether hashing with this hash as the setting gives a hash of the same length: a hash of a
- * method libcrypt knows, not cut short. Costs one crypt(3). */
+ * method libcrypt knows, not cut short. Costs one crypt(3). Returns 1 or 0, or -1 if memory
+ * runs out. */
 static int hash_round_trips(const char *hash)
 {
     struct crypt_data *cd = calloc(1, sizeof *cd);
@@ -107,7 +108,7 @@ static int hash_round_trips(const char *hash)
     int ok;
 
     if (cd == NULL)
-        return 0;
+        return -1;
     out = crypt_rn("", hash, cd, (int)sizeof *cd);
     ok = out != NULL && strlen(out) == strlen(hash);
     free(cd);
@@ -116,12 +117,13 @@ static int hash_round_trips(const char *hash)
 
 /* Whether libcrypt knows the hash's method. Legacy methods (DES, MD5, ...) are cheap, and DES
  * takes any two characters as its setting, so those are hashed once to check the whole hash;
- * the others (SHA-crypt, yescrypt, bcrypt) are costly and their setting is checked only. */
+ * the others (SHA-crypt, yescrypt, bcrypt) are costly and their setting is checked only.
+ * Returns 1 or 0, or -1 if memory runs out. */
 static int valid_hash(const char *hash)
 {
 #ifdef CRYPT_SALT_OK
     int r = crypt_checksalt(hash);
-    return r == CRYPT_SALT_OK || (r == CRYPT_SALT_METHOD_LEGACY && hash_round_trips(hash));
+    return r == CRYPT_SALT_OK ? 1 : r == CRYPT_SALT_METHOD_LEGACY ? hash_round_trips(hash) : 0;
 #else
     return hash_round_trips(hash);
 #endif
@@ -133,6 +135,7 @@ static int parse_line(char *line, struct auth_entry *e, char *err, size_t errlen
 {
     size_t n = strlen(line);
     char *colon, *end;
+    int valid = 0;
 
     if (n > 0 && line[n - 1] == '\r')
         line[--n] = '\0';
@@ -152,9 +155,12 @@ static int parse_line(char *line, struct auth_entry *e, char *err, size_t errlen
     end = strchr(colon + 1, ':'); /* further fields, as in a shadow file: ignored */
     if (end != NULL)
         *end = '\0';
-    if (colon[1] == '\0' || !valid_hash(colon + 1)) {
-        snprintf(err, errlen, "user %s: the hash is not one crypt(3) knows (make one with "
-                              "'openssl passwd -6')", line);
+    if (colon[1] == '\0' || (valid = valid_hash(colon + 1)) <= 0) {
+        if (valid < 0)
+            snprintf(err, errlen, "user %s: out of memory checking the hash", line);
+        else
+            snprintf(err, errlen, "user %s: the hash is not one crypt(3) knows (make one "
+                                  "with 'openssl passwd -6')", line);
         return -1;
     }
     e->user = line;
@@ -262,12 +268,16 @@ int auth_db_check(const struct auth_db *db, const uint8_t *user, size_t user_len
     int ok;
 
     if (cd == NULL)
-        return 0;
+        return -1;
     if (usable)
         memcpy(phrase, password, password_len);
     phrase[usable ? password_len : 0] = '\0';
+    errno = 0;
     out = crypt_rn(phrase, hash, cd, (int)sizeof *cd);
-    ok = out != NULL && e != NULL && usable && ct_equal(out, e->hash);
+    if (out == NULL && errno == ENOMEM) /* yescrypt and scrypt allocate inside libcrypt */
+        ok = -1;
+    else
+        ok = out != NULL && e != NULL && usable && ct_equal(out, e->hash);
     explicit_bzero(phrase, sizeof phrase);
     explicit_bzero(cd, sizeof *cd);
     free(cd);

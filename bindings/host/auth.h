@@ -34,7 +34,8 @@ struct auth_db *auth_db_load(const char *path, char *err, size_t errlen);
 void auth_db_free(struct auth_db *db);
 
 /* Checks a user name and password (octets as the client sent them). Returns 1 if they match
- * an entry, else 0 (unknown user, wrong password, NUL in either, too long, crypt failure). */
+ * an entry, else 0 (unknown user, wrong password, NUL in either, too long, crypt failure), or
+ * -1 if memory for crypt(3) runs out (no answer: a temporary failure). */
 int auth_db_check(const struct auth_db *db, const uint8_t *user, size_t user_len,
                   const uint8_t *password, size_t password_len);
 

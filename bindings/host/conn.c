@@ -37,6 +37,7 @@
 #define CONN_PAGE 4096u /* the allocation unit of a connection */
 #define CONN_LINGER_MS 10000u       /* closing or client gone: time left to send the last reply */
 #define CONN_SEND_TIMEOUT_MS 300000u /* replies queued and not read, when no command timeout */
+#define CONN_LINGER_READ_MS 2000u   /* lingering close: input discarded this long at most */
 
 enum conn_tls { CONN_TLS_NONE, CONN_TLS_HANDSHAKE, CONN_TLS_UP };
 
@@ -72,6 +73,8 @@ struct conn {
      * and kept. Between calls, unconsumed input is always in own. */
     uint8_t *scratch;
     uint8_t *own;
+    int nomem;             /* no memory for own: input dropped, 421 after the pending verdict */
+    uint64_t linger_until; /* closing: input is discarded until EOF or then; 0: not closing */
     uint8_t *in;           /* scratch or own */
     size_t in_off, in_len; /* unconsumed input is in[in_off..in_len) */
     struct session ss;
@@ -181,6 +184,8 @@ struct conn *conn_new(const struct host_ctx *ctx, struct job_pool *pool, uint8_t
     c->user = NULL;
     c->scratch = c->in = scratch;
     c->own = NULL;
+    c->nomem = 0;
+    c->linger_until = 0;
     c->in_off = c->in_len = 0;
     session_init(&c->ss, ctx, pool, peer);
     if (seat != NULL)
@@ -190,7 +195,10 @@ struct conn *conn_new(const struct host_ctx *ctx, struct job_pool *pool, uint8_t
                                                : GREETING_HELD;
     if (c->greeting == GREETING_HELD)
         c->hold_until = now_ms + ctx->opt.greet_delay_ms;
-    rc = smtpe_server_init(&c->s, c->engine, ctx->session_mem, &ctx->cfg, now_ms);
+    /* The command timeout starts when the greeting goes out: the engine is told the session
+     * starts then (nothing reaches it before: talking first ends the session). */
+    rc = smtpe_server_init(&c->s, c->engine, ctx->session_mem, &ctx->cfg,
+                           c->greeting == GREETING_HELD ? c->hold_until : now_ms);
     if (rc == 0)
         rc = session_start(&c->ss, c->s, peer);
     if (rc < 0) {
@@ -325,6 +333,9 @@ static int pump(struct conn *c, uint64_t now_ms)
             } else {
                 c->greeting = GREETING_HELD;
                 c->hold_until = now_ms + c->ctx->opt.greet_delay_ms;
+                /* After the PROXY verdict the engine restarts its timer from the next time it
+                 * is given: the greeting's. */
+                (void)smtpe_server_handle_expiry(c->s, c->hold_until);
             }
         }
         if (c->greeting == GREETING_HELD && c->in_off < c->in_len) {
@@ -339,6 +350,15 @@ static int pump(struct conn *c, uint64_t now_ms)
         }
         while ((rc = smtpe_server_next_event(c->s, &ev)) == 1) {
             took = 1;
+            if (ev.type == SMTPE_EV_STARTTLS && c->ctx->tls != NULL && c->tls == NULL &&
+                (c->tls = tls_conn_new(c->ctx->tls, c->fd)) == NULL) {
+                host_log("error peer=%s starttls: out of memory", c->ss.peer);
+                rc = smtpe_server_reply(c->s, 454, "4.7.0",
+                                        "TLS not available due to temporary reason");
+                if (rc < 0)
+                    return rc;
+                continue;
+            }
             rc = session_on_event(&c->ss, c->s, &ev, c);
             if (rc < 0)
                 return rc;
@@ -379,6 +399,18 @@ static unsigned interest(struct conn *c)
     if ((want & SMTPE_WANT_CLOSE) || (c->eof && !c->ss.job_pending)) {
         if (pending)
             return readiness(c, 0, out);
+        if (!c->eof && c->tls_state == CONN_TLS_NONE && !session_quit(&c->ss)) {
+            /* Lingering close: a session ended by us (421 after a timeout, the error limit, a
+             * refusal) may have a client still sending; closing with its octets unread makes
+             * the kernel reset the connection, which can destroy the last reply before the
+             * client reads it. So: FIN, then discard input until the client's EOF or
+             * CONN_LINGER_READ_MS. After QUIT nothing may follow (RFC 5321 §4.1.1.10): close. */
+            if (c->linger_until == 0) {
+                (void)shutdown(c->fd, SHUT_WR);
+                c->linger_until = host_now_ms() + CONN_LINGER_READ_MS;
+            }
+            return CONN_READ;
+        }
         return fail(c, "eof"); /* quit, timeout, ... were recorded already */
     }
     if (c->tls_state == CONN_TLS_NONE && (want & SMTPE_WANT_TLS))
@@ -414,7 +446,8 @@ static int begin_tls(struct conn *c, uint64_t now_ms)
                  c->ss.peer, (unsigned long long)st.discarded_octets);
     if (c->eof)
         return -1;
-    c->tls = tls_conn_new(c->ctx->tls, c->fd);
+    if (c->tls == NULL) /* made at the STARTTLS event */
+        c->tls = tls_conn_new(c->ctx->tls, c->fd);
     if (c->tls == NULL) {
         host_log("error peer=%s tls handshake failed: out of memory", c->ss.peer);
         return -1;
@@ -504,7 +537,19 @@ static unsigned progress(struct conn *c, uint64_t now_ms)
 
 /* The end of every conn_on_* call: input the engine left moves from the loop's scratch
  * buffer to the connection's own. Returns bits, or CONN_CLOSE if memory runs out. */
-static unsigned done(struct conn *c, unsigned bits)
+static unsigned progress(struct conn *c, uint64_t now_ms);
+
+/* Out of memory for input: 421 4.3.0, then the connection closes. Returns CONN_* bits. */
+static unsigned nomem_close(struct conn *c, uint64_t now_ms)
+{
+    c->nomem = 0;
+    session_set_end(&c->ss, "out-of-memory");
+    session_abort(&c->ss);
+    (void)smtpe_server_close(c->s, 421, "4.3.0", "Out of memory, closing the connection");
+    return progress(c, now_ms);
+}
+
+static unsigned done(struct conn *c, unsigned bits, uint64_t now_ms)
 {
     size_t left = c->in_len - c->in_off;
 
@@ -512,8 +557,13 @@ static unsigned done(struct conn *c, unsigned bits)
         return bits;
     if (left > 0) {
         if (c->own == NULL && (c->own = malloc(CONN_INPUT_BUF)) == NULL) {
-            host_log("error peer=%s input: out of memory", c->ss.peer);
-            return fail(c, "io-error");
+            /* the pipelined commands are dropped: 421 once the verdict that waits is out */
+            host_log("error peer=%s input: out of memory, %zu octets dropped", c->ss.peer, left);
+            c->in_off = c->in_len = 0;
+            c->nomem = 1;
+            if (!c->ss.job_pending)
+                return nomem_close(c, now_ms);
+            return bits;
         }
         memcpy(c->own, c->in + c->in_off, left);
         c->in = c->own;
@@ -525,7 +575,7 @@ static unsigned done(struct conn *c, unsigned bits)
 
 unsigned conn_start(struct conn *c, uint64_t now_ms)
 {
-    return done(c, progress(c, now_ms));
+    return done(c, progress(c, now_ms), now_ms);
 }
 
 /* One read, in clear or through TLS. Returns the octets read (> 0), 0 at the end of the
@@ -585,16 +635,27 @@ static int read_some(struct conn *c)
 
 unsigned conn_on_readable(struct conn *c, uint64_t now_ms)
 {
+    if (c->linger_until != 0) { /* discard until the client closes (a bounded share) */
+        for (int i = 0; i < 16; i++) {
+            ssize_t r = recv(c->fd, c->scratch, CONN_INPUT_BUF, 0);
+            if (r > 0 || (r < 0 && errno == EINTR))
+                continue;
+            if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+                return CONN_READ;
+            return fail(c, "eof");
+        }
+        return CONN_READ;
+    }
     if (read_some(c) < 0)
         return fail(c, "io-error");
-    return done(c, progress(c, now_ms));
+    return done(c, progress(c, now_ms), now_ms);
 }
 
 unsigned conn_on_writable(struct conn *c, uint64_t now_ms)
 {
     if (c->read_needs == CONN_WRITE && read_some(c) < 0) /* a TLS read waited for this */
         return fail(c, "io-error");
-    return done(c, progress(c, now_ms));
+    return done(c, progress(c, now_ms), now_ms);
 }
 
 int conn_storing(const struct conn *c)
@@ -610,7 +671,9 @@ unsigned conn_on_job(struct conn *c, uint64_t now_ms)
         host_log("error peer=%s engine: %s", c->ss.peer, smtpe_strerror(rc));
         return fail(c, "io-error");
     }
-    return done(c, progress(c, now_ms));
+    if (c->nomem)
+        return nomem_close(c, now_ms);
+    return done(c, progress(c, now_ms), now_ms);
 }
 
 /* The host's deadline for queued output the client does not read. */
@@ -619,7 +682,7 @@ static uint64_t output_deadline(const struct conn *c)
     uint64_t limit = c->ctx->cfg.command_timeout_ms ? c->ctx->cfg.command_timeout_ms
                                                     : CONN_SEND_TIMEOUT_MS;
 
-    if (c->out_since == 0)
+    if (c->out_since == 0 || c->held) /* held by us (--greet/reply-delay-ms): not the client's */
         return UINT64_MAX;
     if (c->eof || (smtpe_server_want(c->s) & SMTPE_WANT_CLOSE))
         limit = CONN_LINGER_MS;
@@ -634,11 +697,15 @@ uint64_t conn_expiry(const struct conn *c)
         e = o;
     if (c->held && c->hold_until < e)
         e = c->hold_until;
+    if (c->linger_until != 0 && c->linger_until < e)
+        e = c->linger_until;
     return e < c->handshake_deadline ? e : c->handshake_deadline;
 }
 
 unsigned conn_on_timer(struct conn *c, uint64_t now_ms)
 {
+    if (c->linger_until != 0)
+        return c->linger_until <= now_ms ? fail(c, "eof") : CONN_READ;
     if (c->handshake_deadline <= now_ms) {
         host_log("error peer=%s tls handshake failed: timeout", c->ss.peer);
         return fail(c, "timeout");
@@ -647,7 +714,7 @@ unsigned conn_on_timer(struct conn *c, uint64_t now_ms)
         return fail(c, "timeout");
     if (smtpe_server_expiry(c->s) <= now_ms)
         (void)smtpe_server_handle_expiry(c->s, now_ms);
-    return done(c, progress(c, now_ms));
+    return done(c, progress(c, now_ms), now_ms);
 }
 
 void conn_shutdown(struct conn *c, uint64_t now_ms)
@@ -714,23 +781,32 @@ void conn_reject(const struct host_ctx *ctx, int fd, const struct sockaddr *peer
                  uint64_t now_ms)
 {
     smtpe_server *s;
-    char where[NET_HOSTPORT_MAX];
-    size_t len;
+    char where[NET_HOSTPORT_MAX], nomem[HOST_NAME_MAX_LEN + 64], line[HOST_NAME_MAX_LEN + 128];
+    const char *enh = why == CONN_REJECT_NOMEM ? "4.3.2" : "4.7.0", *text;
+    const uint8_t *out = NULL;
+    size_t len = 0;
+    ssize_t w;
 
-    if (smtpe_server_new(&s, &ctx->cfg, NULL, now_ms) == 0) {
-        if (smtpe_server_close(s, 421, "4.7.0",
-                               why == CENSUS_ADDRESS_FULL ? ctx->address_busy_text
-                                                          : ctx->busy_text) == 0) {
-            const uint8_t *out = smtpe_server_send_buf(s, &len);
-            ssize_t w;
-            do
-                w = send(fd, out, len, MSG_NOSIGNAL);
-            while (w < 0 && errno == EINTR);
-        }
-        smtpe_server_free(s);
+    snprintf(nomem, sizeof nomem, "%s Out of memory, try again later", ctx->opt.hostname);
+    text = why == CENSUS_ADDRESS_FULL ? ctx->address_busy_text
+           : why == CONN_REJECT_NOMEM ? nomem
+                                      : ctx->busy_text;
+    s = NULL;
+    if (smtpe_server_new(&s, &ctx->cfg, NULL, now_ms) == 0 &&
+        smtpe_server_close(s, 421, enh, text) == 0)
+        out = smtpe_server_send_buf(s, &len);
+    if (out == NULL) { /* no memory for an engine: the line without it */
+        int n = snprintf(line, sizeof line, "421 %s %s\r\n", enh, text);
+        out = (const uint8_t *)line;
+        len = n > 0 && (size_t)n < sizeof line ? (size_t)n : 0;
     }
+    do
+        w = send(fd, out, len, MSG_NOSIGNAL);
+    while (w < 0 && errno == EINTR);
+    smtpe_server_free(s);
     host_log("reject peer=%s reason=%s", net_hostport(peer, where),
              why == CENSUS_ADDRESS_FULL ? "too-many-connections-from-address"
+             : why == CONN_REJECT_NOMEM ? "out-of-memory"
                                         : "too-many-connections");
     (void)close(fd);
 }

@@ -103,6 +103,7 @@ int conn_fd(const struct conn *c);
  * address has --max-clients-per-ip sessions (CENSUS_ADDRESS_FULL): sends 421 4.7.0 "<hostname>
  * Too many connections[ from your address]" in place of the greeting if the socket takes it at
  * once, logs, and closes fd. */
+#define CONN_REJECT_NOMEM (-1) /* conn_reject's why: out of memory, 421 4.3.2 */
 void conn_reject(const struct host_ctx *ctx, int fd, const struct sockaddr *peer, int why,
                  uint64_t now_ms);
 

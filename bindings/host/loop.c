@@ -127,18 +127,19 @@ static int lp_after(struct loop *l, struct lconn *lc, unsigned bits)
 static void lp_add(struct loop *l, int fd, const struct sockaddr *peer,
                    const struct census_seat *seat, uint64_t now)
 {
-    struct lconn *lc = malloc(sizeof *lc);
+    struct lconn *lc = NULL;
 
-    if (lc == NULL) {
+    if (timer_heap_reserve(&l->timers, l->nconns + 1) < 0 ||
+        (lc = malloc(sizeof *lc)) == NULL) {
         census_leave(seat->census, seat->slot, seat->key);
         host_log("error accept: out of memory");
-        (void)close(fd);
+        conn_reject(l->ctx, fd, peer, CONN_REJECT_NOMEM, now);
         return;
     }
     if ((lc->conn = conn_new(l->ctx, l->pool, l->scratch, fd, peer, seat, now)) == NULL) {
         host_log("error accept: out of memory");
         free(lc);
-        (void)close(fd);
+        conn_reject(l->ctx, fd, peer, CONN_REJECT_NOMEM, now);
         return;
     }
     conn_set_user(lc->conn, lc);
@@ -208,6 +209,7 @@ static void lp_accept(struct loop *l, uint64_t now)
         }
         struct census_seat seat = {l->census, l->slot, census_key((struct sockaddr *)&ss)};
         int rc;
+        now = host_now_ms(); /* a session's timeouts count from its own accept */
         if (l->ctx->opt.proxy_protocol) /* the client is known from the PROXY header */
             seat.key = 0;
         rc = census_enter(l->census, l->slot, seat.key);

@@ -201,6 +201,11 @@ void session_set_end(struct session *ss, const char *reason)
         ss->end = reason;
 }
 
+int session_quit(const struct session *ss)
+{
+    return ss->end != NULL && strcmp(ss->end, "quit") == 0;
+}
+
 void session_abort(struct session *ss)
 {
     maildir_msg_abort(ss->msg);
@@ -492,12 +497,14 @@ static int on_rcpt(struct session *ss, smtpe_server *s, const smtpe_event *ev)
         return smtpe_server_reply(s, 550, "5.7.1", "Relay access denied");
     if (copy_name(tmp, path_mailbox(p)) < 0)
         return smtpe_server_reply(s, 501, "5.1.3", "Path too long");
+    /* the list last: a recipient refused for lack of memory must not be in it (LMTP replies
+     * name them in order) */
+    if (ss->nrcpt == 0 && set_str(&ss->rcpt, tmp) < 0)
+        return smtpe_server_reply(s, 452, "4.3.1", "Insufficient system storage");
     if (ss->ctx->cfg.lmtp && remember_rcpt(ss, tmp) < 0) {
         host_log("error peer=%s rcpt: out of memory", ss->peer);
         return smtpe_server_reply(s, 452, "4.3.1", "Insufficient system storage");
     }
-    if (ss->nrcpt == 0 && set_str(&ss->rcpt, tmp) < 0)
-        return smtpe_server_reply(s, 452, "4.3.1", "Insufficient system storage");
     ss->nrcpt++;
     ss->rcpts++;
     return smtpe_server_accept(s);
@@ -674,6 +681,11 @@ static int finish_auth(struct session *ss, smtpe_server *s, struct session_job *
     size_t len = sj->user_len < AUTH_USER_MAX ? sj->user_len : AUTH_USER_MAX;
 
     host_log_token(user, sizeof user, sj->user, len);
+    if (sj->ok < 0) { /* no memory for crypt(3): no answer either way, so not counted */
+        host_log("error peer=%s auth user=%s mechanism=%s: out of memory", ss->peer, user,
+                 sj->mechanism);
+        return smtpe_server_reply(s, 454, "4.7.0", "Temporary authentication failure");
+    }
     if (!sj->ok || !sj->authz_ok) {
         ss->auth_failures++;
         host_log("auth-failed peer=%s user=%s mechanism=%s", ss->peer, user, sj->mechanism);

@@ -122,6 +122,9 @@ const char *session_auth_name(const struct session *ss);
 /* Records why the session ended; the first reason given wins. */
 void session_set_end(struct session *ss, const char *reason);
 
+/* Whether the session ended with QUIT. */
+int session_quit(const struct session *ss);
+
 /* Discards the message being written, if any. */
 void session_abort(struct session *ss);
 

@@ -72,6 +72,22 @@ static void remove_at(struct timer_heap *h, size_t i)
     sift_down(h, last->pos);
 }
 
+int timer_heap_reserve(struct timer_heap *h, size_t n)
+{
+    size_t cap = h->cap ? h->cap : 64;
+    struct timer **v;
+
+    if (n <= h->cap)
+        return 0;
+    while (cap < n)
+        cap *= 2;
+    if ((v = realloc(h->v, cap * sizeof *v)) == NULL)
+        return -1;
+    h->v = v;
+    h->cap = cap;
+    return 0;
+}
+
 int timer_set(struct timer_heap *h, struct timer *t, uint64_t when)
 {
     uint64_t old = t->when;

@@ -35,6 +35,10 @@ void timer_heap_free(struct timer_heap *h);
  * Returns 0, or -1 if the heap cannot grow (t then keeps its old deadline). */
 int timer_set(struct timer_heap *h, struct timer *t, uint64_t when);
 
+/* Makes room for n timers in h, so that timer_set of up to n timers cannot fail. Returns 0, or
+ * -1 without memory. */
+int timer_heap_reserve(struct timer_heap *h, size_t n);
+
 /* The entry with the earliest deadline, NULL if the heap is empty. */
 struct timer *timer_first(const struct timer_heap *h);
 

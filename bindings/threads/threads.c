@@ -74,7 +74,7 @@ static void th_serve(struct th_shared *sh, int fd, const struct sockaddr *peer,
 
     if (c == NULL) {
         host_log("error accept: out of memory");
-        (void)close(fd);
+        conn_reject(sh->ctx, fd, peer, CONN_REJECT_NOMEM, now);
         return;
     }
     bits = conn_start(c, now);
@@ -152,7 +152,8 @@ static void th_start(struct th_shared *sh, const pthread_attr_t *attr, int fd,
     if ((tc = malloc(sizeof *tc)) == NULL) {
         census_leave(sh->census, 0, seat.key);
         host_log("error accept: out of memory");
-        (void)close(fd);
+        conn_reject(sh->ctx, fd, (const struct sockaddr *)peer, CONN_REJECT_NOMEM,
+                    host_now_ms());
         return;
     }
     tc->sh = sh;
