@@ -1246,6 +1246,309 @@ static void test_huge_body(void **state)
     ts_close(&t);
 }
 
+/* ---- the allocator hook under failure (issue 5) ------------------------------------------- */
+
+/* An allocator that records every call: the size of each request, each pointer given and freed.
+ * fail set: every request fails. Blocks are filled with 0xa5 so that reliance on zeroed memory
+ * shows. */
+typedef struct rec_alloc {
+    int fail;
+    size_t calls, frees;
+    size_t sizes[4]; /* the first requests */
+    void *given, *freed;
+} rec_alloc;
+
+static void *rec_alloc_fn(size_t size, void *ud)
+{
+    rec_alloc *r = ud;
+    if (r->calls < sizeof r->sizes / sizeof r->sizes[0])
+        r->sizes[r->calls] = size;
+    r->calls++;
+    if (r->fail)
+        return NULL;
+    void *p = malloc(size);
+    if (p)
+        memset(p, 0xa5, size);
+    r->given = p;
+    return p;
+}
+
+static void rec_free_fn(void *p, void *ud)
+{
+    rec_alloc *r = ud;
+    r->frees++;
+    r->freed = p;
+    free(p);
+}
+
+/* The configs whose memory differs most: defaults, every extension with long EHLO lines and
+ * SASL mechanisms, LMTP with many recipients, PROXY, the largest reply buffer and line. */
+enum { FA_DEFAULT, FA_ALL_EXTENSIONS, FA_LMTP, FA_PROXY, FA_BIG_BUFFERS, FA_CONFIGS };
+
+static const char *const fa_extra[] = {"X-ONE", "X-TWO PARAMETER"};
+
+static void fa_config(smtpe_server_config *c, int which)
+{
+    ts_config(c);
+    switch (which) {
+    case FA_ALL_EXTENSIONS:
+        c->extensions = SMTPE_EXT_DEFAULT | SMTPE_EXT_STARTTLS | SMTPE_EXT_CHUNKING |
+                        SMTPE_EXT_BINARYMIME | SMTPE_EXT_DSN | SMTPE_EXT_REQUIRETLS |
+                        SMTPE_EXT_MT_PRIORITY | SMTPE_EXT_DELIVERBY | SMTPE_EXT_XCLIENT |
+                        SMTPE_EXT_XFORWARD;
+        c->auth_mechanisms = "PLAIN LOGIN X-TOKEN";
+        c->ehlo_extra = fa_extra;
+        c->ehlo_extra_count = 2;
+        c->max_line_length = 12288;
+        c->proxy_protocol = 1;
+        break;
+    case FA_LMTP:
+        c->lmtp = 1;
+        c->max_recipients = 1000;
+        c->extensions |= SMTPE_EXT_CHUNKING;
+        break;
+    case FA_PROXY:
+        c->proxy_protocol = 1;
+        break;
+    case FA_BIG_BUFFERS:
+        c->reply_buffer_size = 1048576;
+        c->max_line_length = 65536;
+        break;
+    }
+}
+
+static void test_allocator_failure(void **state)
+{
+    (void)state;
+    for (int which = 0; which < FA_CONFIGS; which++) {
+        smtpe_server_config c;
+        fa_config(&c, which);
+        size_t need = smtpe_server_memory_size(&c);
+        assert_true(need > 0);
+
+        /* failing: SMTPE_ERR_NOMEM, *out NULL, one request of the session's size, no free */
+        rec_alloc r;
+        memset(&r, 0, sizeof r);
+        r.fail = 1;
+        smtpe_allocator hook = {rec_alloc_fn, rec_free_fn, &r};
+        smtpe_server *s = (smtpe_server *)&r; /* anything but NULL: must be overwritten */
+        assert_int_equal(smtpe_server_new(&s, &c, &hook, 0), SMTPE_ERR_NOMEM);
+        assert_null(s);
+        assert_int_equal(r.calls, 1);
+        assert_int_equal(r.sizes[0], need);
+        assert_int_equal(r.frees, 0);
+        smtpe_server_free(s); /* NULL: nothing to free, the hook is never called */
+        assert_int_equal(r.frees, 0);
+        /* and again: a failure leaves nothing behind that a retry would trip on */
+        assert_int_equal(smtpe_server_new(&s, &c, &hook, 0), SMTPE_ERR_NOMEM);
+        assert_null(s);
+        assert_int_equal(r.calls, 2);
+
+        /* succeeding: exactly one request of smtpe_server_memory_size(cfg) octets, freed once
+         * by smtpe_server_free with the very pointer the hook gave */
+        memset(&r, 0, sizeof r);
+        assert_int_equal(smtpe_server_new(&s, &c, &hook, 0), 0);
+        assert_non_null(s);
+        assert_int_equal(r.calls, 1);
+        assert_int_equal(r.sizes[0], need);
+        assert_int_equal(r.frees, 0);
+        size_t len = 0;
+        (void)smtpe_server_send_buf(s, &len);
+        if (which == FA_ALL_EXTENSIONS || which == FA_PROXY)
+            assert_int_equal(len, 0); /* the greeting waits for the PROXY header */
+        else
+            assert_true(len > 0);
+        smtpe_server_free(s);
+        assert_int_equal(r.calls, 1);
+        assert_int_equal(r.frees, 1);
+        assert_ptr_equal(r.freed, r.given);
+    }
+
+    /* a hook missing either function means malloc/free: the other one is never called */
+    smtpe_server_config c;
+    ts_config(&c);
+    rec_alloc r;
+    memset(&r, 0, sizeof r);
+    smtpe_allocator only_alloc = {rec_alloc_fn, NULL, &r};
+    smtpe_allocator only_free = {NULL, rec_free_fn, &r};
+    smtpe_server *s = NULL;
+    assert_int_equal(smtpe_server_new(&s, &c, &only_alloc, 0), 0);
+    smtpe_server_free(s);
+    assert_int_equal(smtpe_server_new(&s, &c, &only_free, 0), 0);
+    smtpe_server_free(s);
+    assert_int_equal(r.calls, 0);
+    assert_int_equal(r.frees, 0);
+}
+
+/* The verdicts of the whole-extension session: AUTH X-TOKEN gets one challenge and then 535,
+ * AUTH LOGIN 535, AUTH PLAIN 235; under LMTP every recipient's verdict is 250; every other
+ * event the default. */
+static int fa_verdict(hs_sess *s, const smtpe_event *ev, void *ud)
+{
+    (void)ud;
+    if (ev->type == SMTPE_EV_AUTH && ev->auth.mechanism_id == SMTPE_SASL_OTHER &&
+        ev->auth.step == 0)
+        return smtpe_server_auth_challenge(s->srv, (const uint8_t *)"nonce", 5) == 0 ? 0 : -1;
+    if (ev->type == SMTPE_EV_AUTH && ev->auth.mechanism_id != SMTPE_SASL_PLAIN)
+        return smtpe_server_reply(s->srv, 535, "5.7.8", NULL) == 0 ? 0 : -1;
+    unsigned n = ev->type == SMTPE_EV_DATA_END ? ev->data_end.replies : 1;
+    for (unsigned i = 0; i < (n ? n : 1); i++)
+        if (smtpe_server_accept(s->srv) != 0)
+            return -1;
+    return 0;
+}
+
+/* The codes of the final lines of the replies in out[0..n), space-separated. */
+static void reply_codes(const uint8_t *p, size_t n, hs_buf *codes)
+{
+    size_t i = 0;
+    while (i + 4 <= n) {
+        size_t e = i;
+        while (e + 1 < n && !(p[e] == '\r' && p[e + 1] == '\n'))
+            e++;
+        if (p[i + 3] == ' ')
+            hs_buf_addf(codes, "%s%.3s", codes->len ? " " : "", (const char *)p + i);
+        i = e + 2;
+    }
+}
+
+/* A session that uses every extension (PROXY, XCLIENT, STARTTLS, AUTH in three mechanisms,
+ * XFORWARD, every MAIL and RCPT parameter, DATA, BDAT with BINARYMIME, VRFY, EXPN, errors), and
+ * an LMTP session with many recipients, fed whole, bytewise and in random splits: the engine
+ * makes its one allocation at creation and not one more, and frees it once. */
+static void test_allocator_whole_session(void **state)
+{
+    (void)state;
+    static const char before_tls[] =
+        "PROXY TCP4 192.0.2.7 198.51.100.1 40000 25\r\n"
+        "EHLO client.example\r\n"
+        "XCLIENT NAME=client.example ADDR=192.0.2.8 HELO=client.example\r\n"
+        "EHLO client.example\r\n"
+        "STARTTLS\r\n";
+    static const char after_tls[] =
+        "EHLO client.example\r\n"
+        "AUTH X-TOKEN dG9rZW4=\r\n"
+        "Zm9v\r\n"
+        "AUTH LOGIN\r\n"
+        "YWxpY2U=\r\n"
+        "d3Jvbmc=\r\n"
+        "AUTH PLAIN AGFsaWNlAHNlY3JldA==\r\n"
+        "XFORWARD NAME=relay.example ADDR=192.0.2.9 PROTO=ESMTP HELO=relay.example\r\n"
+        "MAIL FROM:<a@example.org> SIZE=100 BODY=8BITMIME SMTPUTF8 RET=HDRS ENVID=abc+2Bdef "
+        "AUTH=<a@example.org> REQUIRETLS MT-PRIORITY=3 BY=120;R\r\n"
+        "RCPT TO:<u@example.com> NOTIFY=SUCCESS,FAILURE ORCPT=rfc822;u+40example.com\r\n"
+        "RCPT TO:<postmaster>\r\n"
+        "DATA\r\n"
+        "Subject: all\r\n\r\n..stuffed\r\nbody\r\n.\r\n"
+        "MAIL FROM:<> BODY=BINARYMIME\r\n"
+        "RCPT TO:<u@example.com>\r\n"
+        "BDAT 5\r\nhelloBDAT 7 LAST\r\n\r\nbye\r\n"
+        "VRFY u\r\nEXPN list\r\nNOOP\r\nRSET\r\nFOO bar\r\nMAIL FROM:bad\r\n"
+        "QUIT\r\n";
+    static const char *const want_codes =
+        "220 250 220 250 220 250 334 535 334 334 535 235 250 250 250 250 354 250 250 250 250 "
+        "250 252 252 250 250 500 501 221";
+
+    for (int mode = HS_WHOLE; mode <= HS_RANDOM; mode++) {
+        smtpe_server_config c;
+        fa_config(&c, FA_ALL_EXTENSIONS);
+        hs_sess s;
+        assert_int_equal(hs_sess_open(&s, &c, 0), 0);
+        assert_int_equal(smtpe_server_set_trusted(s.srv, 1), 0);
+        s.verdict = fa_verdict;
+        hs_splitter sp;
+        hs_splitter_init(&sp, mode, 5);
+        hs_sess_feed(&s, (const uint8_t *)before_tls, strlen(before_tls), &sp);
+        hs_sess_drain(&s);
+        hs_sess_tls(&s, 0);
+        hs_sess_feed(&s, (const uint8_t *)after_tls, strlen(after_tls), &sp);
+        hs_sess_drain(&s);
+        if (s.failed)
+            fail_msg("%s: %s", hs_mode_name(mode), hs_buf_cstr(&s.err));
+        hs_buf codes = {0};
+        reply_codes(s.out.p, s.out.len, &codes);
+        if (strcmp(hs_buf_cstr(&codes), want_codes) != 0)
+            fail_msg("%s: reply codes\n  got:      %s\n  expected: %s", hs_mode_name(mode),
+                     hs_buf_cstr(&codes), want_codes);
+        hs_buf_free(&codes);
+        assert_true(smtpe_server_want(s.srv) & SMTPE_WANT_CLOSE);
+        assert_int_equal(s.alloc.attempts, 1);
+        assert_int_equal(s.alloc.allocs, 1);
+        assert_int_equal(s.alloc.bytes, smtpe_server_memory_size(&c));
+        assert_int_equal(s.alloc.frees, 0);
+        assert_int_equal(hs_sess_close(&s), 0); /* one free, of that block */
+        assert_int_equal(s.alloc.frees, 1);
+        assert_int_equal(s.alloc.attempts, 1);
+    }
+
+    /* LMTP: 300 recipients, one reply each after the content */
+    hs_buf in = {0}, want = {0};
+    hs_buf_adds(&in, "LHLO client.example\r\nMAIL FROM:<a@example.org>\r\n");
+    hs_buf_adds(&want, "220 250 250");
+    for (int i = 0; i < 300; i++) {
+        hs_buf_addf(&in, "RCPT TO:<user%03d@example.com>\r\n", i);
+        hs_buf_adds(&want, " 250");
+    }
+    hs_buf_adds(&in, "DATA\r\nSubject: many\r\n\r\nbody\r\n.\r\nBDAT 3 LAST\r\nabcQUIT\r\n");
+    hs_buf_adds(&want, " 354");
+    for (int i = 0; i < 300; i++)
+        hs_buf_adds(&want, " 250");
+    hs_buf_adds(&want, " 503 221"); /* BDAT after the transaction ended: no recipients */
+    /* (not through hs_sess: under LMTP the queued replies may exceed reply_buffer_size, by
+     * the 512 octets per recipient smtpe_server_memory_size adds for them) */
+    for (int mode = HS_WHOLE; mode <= HS_RANDOM; mode++) {
+        smtpe_server_config c;
+        fa_config(&c, FA_LMTP);
+        rec_alloc r;
+        memset(&r, 0, sizeof r);
+        smtpe_allocator hook = {rec_alloc_fn, rec_free_fn, &r};
+        smtpe_server *s = NULL;
+        assert_int_equal(smtpe_server_new(&s, &c, &hook, 0), 0);
+        hs_splitter sp;
+        hs_splitter_init(&sp, mode, 9);
+        hs_buf out = {0};
+        size_t off = 0;
+        for (int guard = 0;; guard++) {
+            assert_true(guard < 1000000);
+            smtpe_event ev;
+            while (smtpe_server_next_event(s, &ev) == 1) {
+                unsigned n = ev.type == SMTPE_EV_DATA_END ? ev.data_end.replies : 1;
+                if (smtpe_event_needs_reply(&ev))
+                    for (unsigned i = 0; i < (n ? n : 1); i++)
+                        assert_int_equal(smtpe_server_accept(s), 0);
+            }
+            size_t len = 0;
+            const uint8_t *p = smtpe_server_send_buf(s, &len);
+            if (len) {
+                hs_buf_add(&out, p, len);
+                assert_int_equal(smtpe_server_send_ack(s, len), 0);
+            }
+            if (off == in.len || (smtpe_server_want(s) & SMTPE_WANT_CLOSE))
+                break;
+            ssize_t got = smtpe_server_recv(s, in.p + off, hs_splitter_next(&sp, in.len - off), 0);
+            assert_true(got >= 0);
+            off += (size_t)got;
+            assert_int_equal(r.calls, 1);
+        }
+        hs_buf codes = {0};
+        reply_codes(out.p, out.len, &codes);
+        if (strcmp(hs_buf_cstr(&codes), hs_buf_cstr(&want)) != 0)
+            fail_msg("lmtp %s: reply codes\n  got:      %s\n  expected: %s",
+                     hs_mode_name(mode), hs_buf_cstr(&codes), hs_buf_cstr(&want));
+        hs_buf_free(&codes);
+        hs_buf_free(&out);
+        assert_true(smtpe_server_want(s) & SMTPE_WANT_CLOSE);
+        assert_int_equal(r.calls, 1);
+        assert_int_equal(r.sizes[0], smtpe_server_memory_size(&c));
+        smtpe_server_free(s);
+        assert_int_equal(r.calls, 1);
+        assert_int_equal(r.frees, 1);
+        assert_ptr_equal(r.freed, r.given);
+    }
+    hs_buf_free(&in);
+    hs_buf_free(&want);
+}
+
 /* ---- split invariance -------------------------------------------------------------------- */
 
 typedef struct run_result {
@@ -1560,6 +1863,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_stats),
         cmocka_unit_test(test_huge_line),
         cmocka_unit_test(test_huge_body),
+        cmocka_unit_test(test_allocator_failure),
+        cmocka_unit_test(test_allocator_whole_session),
         cmocka_unit_test(test_split_invariance_embedded),
         cmocka_unit_test(test_split_invariance_transcripts),
     };
