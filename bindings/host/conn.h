@@ -99,11 +99,26 @@ void conn_free(struct conn *c);
 /* The socket of c. */
 int conn_fd(const struct conn *c);
 
-/* Refuses the accepted socket fd because the server is full (why: CENSUS_FULL) or the client's
- * address has --max-clients-per-ip sessions (CENSUS_ADDRESS_FULL): sends 421 4.7.0 "<hostname>
- * Too many connections[ from your address]" in place of the greeting if the socket takes it at
- * once, logs, and closes fd. */
+/* Refuses the accepted socket fd because the server is full (why: CENSUS_FULL), the client's
+ * address has --max-clients-per-ip sessions (CENSUS_ADDRESS_FULL), memory ran out
+ * (CONN_REJECT_NOMEM) or the peer is not a --proxy-from balancer (CONN_REJECT_PROXY): sends
+ * 421 4.7.0 "<hostname> Too many connections[ from your address]", 421 4.3.2 or 554 5.7.1 in
+ * place of the greeting if the socket takes it at once, and closes fd (at once: no lingering
+ * close, which would cost the server as much as the session refused). Logs a "reject" line, at
+ * most one a second per thread with the count of those not logged, so a flood of refused
+ * connections cannot flood the log. */
 #define CONN_REJECT_NOMEM (-1) /* conn_reject's why: out of memory, 421 4.3.2 */
+#define CONN_REJECT_PROXY (-2) /* conn_reject's why: not a --proxy-from balancer, 554 5.7.1 */
+
+/* Whether the accepted peer may have a session. With --proxy-protocol and --proxy-from, a peer
+ * that is not one of those balancers is refused at once (it could only send a header that is
+ * refused, or hold a place in --max-clients until the command timeout). Otherwise the session
+ * is counted into slot of census: under the peer's address, or, with --proxy-protocol, under
+ * no address until the header names the client. Returns CENSUS_OK with *seat filled (give it
+ * to conn_new), or the why for conn_reject: CENSUS_FULL, CENSUS_ADDRESS_FULL,
+ * CONN_REJECT_PROXY. */
+int conn_admit(const struct host_ctx *ctx, struct census *census, unsigned slot,
+               const struct sockaddr *peer, struct census_seat *seat);
 void conn_reject(const struct host_ctx *ctx, int fd, const struct sockaddr *peer, int why,
                  uint64_t now_ms);
 

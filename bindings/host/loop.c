@@ -207,12 +207,10 @@ static void lp_accept(struct loop *l, uint64_t now)
             lp_accept_pause(l, errno, now);
             return;
         }
-        struct census_seat seat = {l->census, l->slot, census_key((struct sockaddr *)&ss)};
+        struct census_seat seat;
         int rc;
         now = host_now_ms(); /* a session's timeouts count from its own accept */
-        if (l->ctx->opt.proxy_protocol) /* the client is known from the PROXY header */
-            seat.key = 0;
-        rc = census_enter(l->census, l->slot, seat.key);
+        rc = conn_admit(l->ctx, l->census, l->slot, (struct sockaddr *)&ss, &seat);
         if (rc != CENSUS_OK)
             conn_reject(l->ctx, fd, (struct sockaddr *)&ss, rc, now);
         else

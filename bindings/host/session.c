@@ -147,6 +147,7 @@ int session_start(struct session *ss, smtpe_server *s, const struct sockaddr *pe
 {
     const struct host_options *o = &ss->ctx->opt;
 
+    ss->socket_key = census_key(peer);
     ss->proxy_vouched =
         o->proxy_from_count > 0 && net_cidr_match_sa(o->proxy_from, o->proxy_from_count, peer);
     if (o->xclient_count > 0 && net_cidr_match_sa(o->xclient_from, o->xclient_count, peer))
@@ -783,30 +784,34 @@ static int on_proxy(struct session *ss, smtpe_server *s, const smtpe_event *ev)
     const smtpe_proxy_info *p = &ev->proxy;
     const struct host_options *o = &ss->ctx->opt;
     int family = p->family == SMTPE_PROXY_AF_INET ? AF_INET : AF_INET6;
+    int inet = !p->local && (p->family == SMTPE_PROXY_AF_INET ||
+                             p->family == SMTPE_PROXY_AF_INET6);
+    int rc;
 
     if (o->proxy_from_count > 0 && !ss->proxy_vouched) {
         session_set_end(ss, "proxy-not-allowed");
         return smtpe_server_reply(s, 554, "5.7.1", "Not a trusted proxy");
     }
-    if (!p->local && (p->family == SMTPE_PROXY_AF_INET || p->family == SMTPE_PROXY_AF_INET6)) {
-        int rc;
+    if (inet) {
         add_via(ss);
         set_client(ss, family, p->src_addr, p->src_port);
-        if (ss->seat.census != NULL) { /* --max-clients-per-ip counts the real client */
-            uint64_t key = census_key_raw(family, p->src_addr);
-            if (census_move(ss->seat.census, ss->seat.slot, ss->seat.key, key) != CENSUS_OK) {
-                host_log("reject peer=%s reason=too-many-connections-from-address", ss->peer);
-                session_set_end(ss, "too-many-connections");
-                return smtpe_server_reply(s, 421, "4.7.0", ss->ctx->address_busy_text);
-            }
-            ss->seat.key = key;
-        }
-        if (o->xclient_count > 0 &&
-            (rc = smtpe_server_set_trusted(
-                 s, ss->proxy_vouched && net_cidr_match(o->xclient_from, o->xclient_count,
-                                                        family, p->src_addr))) < 0)
-            return rc;
     }
+    if (ss->seat.census != NULL) {
+        /* --max-clients-per-ip counts the real client; LOCAL (the balancer's own health
+         * check), UNKNOWN and unix sources count under the balancer's address */
+        uint64_t key = inet ? census_key_raw(family, p->src_addr) : ss->socket_key;
+        if (census_move(ss->seat.census, ss->seat.slot, ss->seat.key, key) != CENSUS_OK) {
+            host_log("reject peer=%s reason=too-many-connections-from-address", ss->peer);
+            session_set_end(ss, "too-many-connections");
+            return smtpe_server_reply(s, 421, "4.7.0", ss->ctx->address_busy_text);
+        }
+        ss->seat.key = key;
+    }
+    if (inet && o->xclient_count > 0 &&
+        (rc = smtpe_server_set_trusted(
+             s, ss->proxy_vouched && net_cidr_match(o->xclient_from, o->xclient_count, family,
+                                                    p->src_addr))) < 0)
+        return rc;
     return smtpe_server_accept(s);
 }
 

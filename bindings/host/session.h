@@ -86,6 +86,7 @@ struct session {
     /* Its place in the census (--max-clients, --max-clients-per-ip), set by conn_new and left
      * by session_free; a PROXY header moves it to the real client's address. */
     struct census_seat seat;
+    uint64_t socket_key;             /* census_key of the socket peer */
 };
 
 /* Prepares ss for a connection from peer; blocking steps go to pool (NULL: run inline). */

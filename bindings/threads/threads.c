@@ -138,14 +138,13 @@ static void *th_main(void *arg)
 static void th_start(struct th_shared *sh, const pthread_attr_t *attr, int fd,
                      const struct sockaddr_storage *peer)
 {
-    struct census_seat seat = {sh->census, 0, census_key((const struct sockaddr *)peer)};
+    struct census_seat seat;
     struct th_conn *tc;
     pthread_t t;
     int e;
 
-    if (sh->ctx->opt.proxy_protocol) /* the client is known from the PROXY header */
-        seat.key = 0;
-    if ((e = census_enter(sh->census, 0, seat.key)) != CENSUS_OK) {
+    if ((e = conn_admit(sh->ctx, sh->census, 0, (const struct sockaddr *)peer, &seat)) !=
+        CENSUS_OK) {
         conn_reject(sh->ctx, fd, (const struct sockaddr *)peer, e, host_now_ms());
         return;
     }

@@ -554,10 +554,101 @@ class TestConnectionLimits(Hostile):
         self.expect_status(c, 221, "2.0.0")
         c.expect_eof()
 
+    def test_proxy_local_and_unknown_count_under_the_balancer(self):
+        # PROXY UNKNOWN and v2 LOCAL name no client: the balancer's own address is counted
+        n = 2
+        srv = self.start("--proxy-protocol", "--max-clients-per-ip", str(n))
+        local_v2 = b"\r\n\r\n\x00\r\nQUIT\n" + bytes([0x20, 0x00, 0x00, 0x00])
+        held = [self.conn(srv, proxy=b"PROXY UNKNOWN\r\n"), self.conn(srv, proxy=local_v2)]
+        self.expect_refused(self.conn(srv, greeting=False, proxy=b"PROXY UNKNOWN\r\n"),
+                            421, "4.7.0")
+        self.expect_refused(self.conn(srv, greeting=False, proxy=local_v2), 421, "4.7.0")
+        self.conn(srv, proxy=proxy_v1("198.51.100.20")).ehlo()  # a proxied client: its own
+        for c in held:
+            self.noop(c)
+
+    def test_non_balancer_refused_at_connect(self):
+        # with --proxy-from, a peer that is not a balancer could only send a refused header:
+        # it is refused at once (554 5.7.1) and holds no place in --max-clients meanwhile
+        srv = self.start("--proxy-protocol", "--proxy-from", "127.0.0.2/32", "--max-clients", "3")
+        silent = [self.conn(srv, greeting=False, source="127.0.0.3") for _ in range(10)]
+        for c in silent:
+            self.expect_refused(c, 554, "5.7.1")
+        c = self.conn(srv, source="127.0.0.2", proxy=proxy_v1("198.51.100.21"))
+        c.ehlo()
+        self.assertEqual(len([l for l in srv.log() if "reason=not-a-trusted-proxy" in l]), 1,
+                         "reject lines are limited to one a second: %s" % srv.log_text())
+
 
 # ------------------------------------------------------------------------------------------------
 # Timeouts
 # ------------------------------------------------------------------------------------------------
+class TestDescriptors(Hostile):
+    def test_out_of_descriptors(self):
+        # The server's descriptor limit cut to 64 (every process: prefork's workers accept):
+        # 40 clients more than that connect. Those beyond the limit wait in the listen backlog while the
+        # server pauses accepting (one log line, no busy loop: its CPU over a second of
+        # EMFILE stays small); as the first clients leave, the waiting ones are greeted.
+        srv = self.start("--max-clients", "5000")
+        if "prefork" in ts.MODEL_ARGS:  # its workers start after the "listening" line
+            deadline = time.monotonic() + SAFETY
+            while len(process_tree(srv.proc.pid)) < 3 and time.monotonic() < deadline:
+                time.sleep(0.01)
+        procs = process_tree(srv.proc.pid)
+        for pid in procs:
+            resource.prlimit(pid, resource.RLIMIT_NOFILE, (64, 64))
+        limit = 64 * len(procs)  # an upper bound: prefork's supervisor accepts nothing
+        clients = limit + 40
+        socks = [socket.create_connection(("127.0.0.1", srv.port), timeout=SAFETY)
+                 for _ in range(clients)]
+        sel = selectors.DefaultSelector()
+        for sk in socks:
+            sel.register(sk, selectors.EVENT_READ)
+        greeted = []
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            for key, _ in sel.select(0.1):
+                data = key.fileobj.recv(200)
+                self.assertTrue(greeting_ok(data.decode("ascii", "replace").rstrip("\r\n")),
+                                data)
+                sel.unregister(key.fileobj)
+                greeted.append(key.fileobj)
+        self.assertGreater(len(greeted), 10)
+        self.assertLess(len(greeted), limit, "the limit of 64 descriptors did not hold")
+
+        def cpu():
+            total = 0
+            for pid in process_tree(srv.proc.pid):
+                with open("/proc/%d/stat" % pid) as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                total += int(fields[11]) + int(fields[12])
+            return total / os.sysconf("SC_CLK_TCK")
+        c0 = cpu()
+        time.sleep(1.0)
+        spent = cpu() - c0
+        self.assertLess(spent, 0.25, "%.2f s of CPU in 1 s out of descriptors: a busy loop"
+                        % spent)
+        pauses = [l for l in srv.log() if "accepting paused" in l]
+        self.assertTrue(pauses, srv.log_text())
+        self.assertLessEqual(len(pauses), 3, srv.log_text())
+        waiting = len(socks) - len(greeted)
+        for sk in greeted:
+            sk.close()
+        deadline = time.monotonic() + SAFETY
+        while waiting > 0 and time.monotonic() < deadline:
+            for key, _ in sel.select(0.2):
+                data = key.fileobj.recv(200)
+                self.assertTrue(data.startswith(b"220 "), data)
+                sel.unregister(key.fileobj)
+                key.fileobj.close()
+                waiting -= 1
+        self.assertEqual(waiting, 0, "clients in the backlog never greeted")
+        note("out of descriptors: %d of %d greeted at once, %.3f s CPU in 1 s of EMFILE, "
+             "%d pause lines; the rest greeted once the first left"
+             % (len(greeted), clients, spent, len(pauses)))
+        self.assert_serves(srv)
+
+
 class TestTimeouts(Hostile):
     def timed_out(self, c, since, timeout_ms):
         """Reads 421 4.4.2 and the close; checks it came after timeout_ms from since, and before
@@ -1001,6 +1092,52 @@ class TestErrorLimits(Hostile):
         self.assertEqual(lines[-1], b"", got[-80:])
         self.assertEqual([status(l) for l in lines[:-1]],
                          [(500, "5.5.1")] * 20 + [(421, "4.7.0")], got[-200:])
+        self.assert_serves(srv)
+
+    def test_421_reaches_a_client_still_pipelining(self):
+        # A client that reads slowly (4 KiB receive buffer) pipelines 60 000 NOOPs, 21 unknown
+        # commands and then 2 MB it will never get answers for. When the server ends the
+        # session its last replies, the 421 among them, still sit in its socket's send queue
+        # and the 2 MB in its receive queue: a plain close() would reset the connection and
+        # throw the queued replies away. The lingering close (FIN, discard input) must deliver
+        # every reply, 421 last, then EOF.
+        srv = self.start()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.settimeout(SAFETY)
+        sock.connect(("127.0.0.1", srv.port))
+        n = 60000
+        payload = b"NOOP\r\n" * n + b"FOO\r\n" * 21 + (b"X" * 998 + b"\r\n") * 2000
+        errors = []
+
+        def send():
+            try:
+                sock.sendall(payload)
+            except OSError as e:  # the server may stop reading once it discarded enough
+                errors.append(e)
+        t = threading.Thread(target=send)
+        t.start()
+        got = bytearray()
+        try:
+            while True:
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                got += chunk
+                time.sleep(0.0005)  # a slow reader
+        except ConnectionResetError:
+            self.fail("connection reset after %d octets of replies: the lingering close did "
+                      "not hold (last: %r)" % (len(got), bytes(got[-80:])))
+        t.join(SAFETY)
+        sock.close()
+        lines = bytes(got).split(CRLF)
+        self.assertEqual(lines[-1], b"", bytes(got[-80:]))
+        self.assertEqual(lines[0][:4], b"220 ")
+        self.assertEqual(len(lines), 1 + n + 20 + 1 + 1, bytes(got[-200:]))
+        self.assertTrue(all(l == b"250 2.0.0 Ok" for l in lines[1:n + 1]))
+        self.assertEqual([status(l) for l in lines[n + 1:-1]],
+                         [(500, "5.5.1")] * 20 + [(421, "4.7.0")])
+        note("lingering close: %d octets of replies read after the 421, no reset" % len(got))
         self.assert_serves(srv)
 
     def test_max_errors_option(self):
