@@ -45,12 +45,19 @@ struct th_shared {
     atomic_uint_least64_t deadline; /* the drain deadline; UINT64_MAX before a stop */
     int drain_fd;                   /* readable from the first stop request on */
     int now_fd;                     /* readable from the second (drain no longer) */
+    /* Connection threads that have ended, for the main thread to join (a thread is joined,
+     * not detached, so that the process never exits while one is still tearing down). */
+    pthread_mutex_t done_lock;
+    struct th_conn *done;
+    int reap_fd;                    /* readable when done was empty and got a thread */
 };
 
 static struct host_log_limit th_create_errors, th_accept_errors; /* main thread only */
 
 struct th_conn {
     struct th_shared *sh;
+    pthread_t thread;
+    struct th_conn *next;           /* on sh->done */
     int fd;
     struct sockaddr_storage peer;
     struct census_seat seat;
@@ -124,15 +131,50 @@ static void th_serve(struct th_shared *sh, int fd, const struct sockaddr *peer,
     conn_free(c);
 }
 
+static void th_signal(int fd)
+{
+    uint64_t one = 1;
+
+    while (write(fd, &one, sizeof one) < 0 && errno == EINTR)
+        ;
+}
+
 static void *th_main(void *arg)
 {
     struct th_conn *tc = arg;
     struct th_shared *sh = tc->sh;
 
+    int was_empty;
+
     th_serve(sh, tc->fd, (struct sockaddr *)&tc->peer, &tc->seat);
-    free(tc);
-    atomic_fetch_sub(&sh->active, 1);
+    pthread_mutex_lock(&sh->done_lock);
+    was_empty = sh->done == NULL;
+    tc->next = sh->done;
+    sh->done = tc;
+    pthread_mutex_unlock(&sh->done_lock);
+    if (was_empty)
+        th_signal(sh->reap_fd);
+    atomic_fetch_sub(&sh->active, 1); /* after the push: active 0 means all are on done */
     return NULL;
+}
+
+/* Joins and frees the connection threads that have ended. */
+static void th_reap(struct th_shared *sh)
+{
+    struct th_conn *tc;
+    uint64_t v;
+
+    (void)read(sh->reap_fd, &v, sizeof v); /* non-blocking */
+    pthread_mutex_lock(&sh->done_lock);
+    tc = sh->done;
+    sh->done = NULL;
+    pthread_mutex_unlock(&sh->done_lock);
+    while (tc != NULL) {
+        struct th_conn *next = tc->next;
+        (void)pthread_join(tc->thread, NULL);
+        free(tc);
+        tc = next;
+    }
 }
 
 static void th_start(struct th_shared *sh, const pthread_attr_t *attr, int fd,
@@ -140,7 +182,6 @@ static void th_start(struct th_shared *sh, const pthread_attr_t *attr, int fd,
 {
     struct census_seat seat;
     struct th_conn *tc;
-    pthread_t t;
     int e;
 
     if ((e = conn_admit(sh->ctx, sh->census, 0, (const struct sockaddr *)peer, &seat)) !=
@@ -160,7 +201,7 @@ static void th_start(struct th_shared *sh, const pthread_attr_t *attr, int fd,
     tc->peer = *peer;
     tc->seat = seat;
     atomic_fetch_add(&sh->active, 1);
-    e = pthread_create(&t, attr, th_main, tc);
+    e = pthread_create(&tc->thread, attr, th_main, tc);
     if (e != 0) {
         unsigned quiet;
         atomic_fetch_sub(&sh->active, 1);
@@ -196,14 +237,6 @@ static int th_accept(struct th_shared *sh, const pthread_attr_t *attr, int lfd)
     }
 }
 
-static void th_signal(int fd)
-{
-    uint64_t one = 1;
-
-    while (write(fd, &one, sizeof one) < 0 && errno == EINTR)
-        ;
-}
-
 int threads_model_run(const struct host_ctx *ctx, const sigset_t *wait_mask)
 {
     struct th_shared sh;
@@ -218,10 +251,12 @@ int threads_model_run(const struct host_ctx *ctx, const sigset_t *wait_mask)
     atomic_init(&sh.deadline, UINT64_MAX);
     sh.drain_fd = eventfd(0, EFD_CLOEXEC);
     sh.now_fd = eventfd(0, EFD_CLOEXEC);
+    sh.reap_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    pthread_mutex_init(&sh.done_lock, NULL);
     sh.census = census_new(1, ctx->opt.max_clients, ctx->opt.max_clients_per_ip, 0);
     lfd = sh.census == NULL ? -1 : net_listen((const struct sockaddr *)&ctx->opt.listen_addr, ctx->opt.listen_addr_len,
                      0, err, sizeof err);
-    if (sh.drain_fd < 0 || sh.now_fd < 0 || lfd < 0) {
+    if (sh.drain_fd < 0 || sh.now_fd < 0 || sh.reap_fd < 0 || lfd < 0) {
         host_log("error %s", lfd < 0 && sh.census != NULL ? err : strerror(errno));
         census_free(sh.census);
         if (lfd >= 0)
@@ -230,18 +265,21 @@ int threads_model_run(const struct host_ctx *ctx, const sigset_t *wait_mask)
             (void)close(sh.drain_fd);
         if (sh.now_fd >= 0)
             (void)close(sh.now_fd);
+        if (sh.reap_fd >= 0)
+            (void)close(sh.reap_fd);
+        pthread_mutex_destroy(&sh.done_lock);
         return 1;
     }
     pthread_attr_init(&attr);
     pthread_attr_setstacksize(&attr, TH_STACK_SIZE);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     host_announce_listener(lfd);
     /* The connection threads inherit the blocked SIGTERM/SIGINT: only this thread takes them,
      * in ppoll. */
     for (;;) {
         int stops = host_stop_requests();
         uint64_t now = host_now_ms();
-        struct pollfd p = {.fd = lfd, .events = POLLIN};
+        struct pollfd p[2] = {{.fd = sh.reap_fd, .events = POLLIN},
+                              {.fd = lfd, .events = POLLIN}};
         struct timespec ts = {.tv_sec = 0, .tv_nsec = TH_POLL_MS * 1000000L};
         int n;
         if (stops > told) {
@@ -259,21 +297,25 @@ int threads_model_run(const struct host_ctx *ctx, const sigset_t *wait_mask)
             }
             told = stops;
         }
+        th_reap(&sh);
         if (lfd < 0) {
             if (atomic_load(&sh.active) == 0)
                 break;
-            (void)ppoll(NULL, 0, &ts, wait_mask);
+            (void)ppoll(p, 1, &ts, wait_mask);
             continue;
         }
         if (resume > now) {
             ts.tv_nsec = (long)(resume - now) * 1000000L;
-            n = ppoll(NULL, 0, &ts, wait_mask);
+            n = ppoll(p, 1, &ts, wait_mask);
             continue;
         }
-        n = ppoll(&p, 1, NULL, wait_mask);
-        if (n > 0 && th_accept(&sh, &attr, lfd) < 0)
+        n = ppoll(p, 2, NULL, wait_mask);
+        if (n > 0 && (p[1].revents & POLLIN) && th_accept(&sh, &attr, lfd) < 0)
             resume = host_now_ms() + TH_ACCEPT_PAUSE_MS;
     }
+    th_reap(&sh); /* every thread is on the list: active is 0 */
+    pthread_mutex_destroy(&sh.done_lock);
+    (void)close(sh.reap_fd);
     pthread_attr_destroy(&attr);
     census_free(sh.census); /* every thread has left it: active counts down after conn_free */
     (void)close(sh.drain_fd);
