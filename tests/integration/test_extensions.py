@@ -8,8 +8,12 @@ Each test starts its own smtpe-server with a fresh Maildir, talks to it with a r
 server with SIGTERM, which must make it exit 0. The helpers (Server log reader, Stored message
 parser, raw Client) come from test_server.py in this directory.
 
-Usage: test_extensions.py [SERVER] [-k PATTERN ...] [-q]
+Usage: test_extensions.py [SERVER] [--wrapper "CMD ARGS"] [--slow N] [-k PATTERN ...] [-q]
   SERVER defaults to $SMTPE_SERVER, then build/smtpe-server in the repository.
+  --wrapper (default $SMTPE_SERVER_WRAPPER) and --slow N (default $SMTPE_TEST_SLOW, else 10
+  under valgrind, else 1) as in test_server.py: every smtpe-server process runs under the
+  wrapper (e.g. valgrind memcheck, whose findings fail the test) and every time bound is
+  multiplied by N.
 
 Needs the openssl command, swaks (with Net::SSLeay) and haproxy (tests/deps.sh installs them);
 without them the tests that use them fail, never skip.
@@ -33,7 +37,7 @@ sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_server as ts  # noqa: E402  (helpers only; its tests are not loaded here)
 
-SAFETY = ts.SAFETY
+SAFETY = ts.SAFETY  # seconds; ts.main() sets it again from --slow
 HOST = ts.HOST
 CRLF = b"\r\n"
 queue_id = ts.queue_id
@@ -124,28 +128,20 @@ def ehlo_keywords(reply):
 # ------------------------------------------------------------------------------------------------
 class Server(ts.Server):
     def __init__(self, *args, listen="127.0.0.1:0", hostname=HOST):
-        import threading
         self.dir = tempfile.mkdtemp(prefix="smtpe-ext-")
         self.maildir = os.path.join(self.dir, "maildir")
-        cmd = [ts.SERVER, "--listen", listen, "--maildir", self.maildir, "--hostname", hostname]
+        cmd = ["--listen", listen, "--maildir", self.maildir, "--hostname", hostname]
         cmd += list(args)
-        self.cmd = cmd
-        self.lines = []
-        self.cond = threading.Condition()
-        self.eof = False
-        self.stopped = False
-        self.proc = subprocess.Popen(cmd, cwd=self.dir, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        self.reader = threading.Thread(target=self._read_stderr, daemon=True)
-        self.reader.start()
+        self._spawn(cmd)  # under the wrapper (--wrapper), if any
         line = self.wait_log(lambda l: "listening on" in l, SAFETY)
         if line is None:
             self.proc.kill()
             self.proc.wait()
             self.stopped = True
+            report = self.wrapper_report()
             shutil.rmtree(self.dir, ignore_errors=True)
-            raise AssertionError("smtpe-server printed no 'listening on' line: %s\nstderr:\n%s"
-                                 % (" ".join(cmd), self.log_text()))
+            raise AssertionError("smtpe-server printed no 'listening on' line: %s\nstderr:\n%s%s"
+                                 % (" ".join(self.cmd), self.log_text(), report))
         self.addr = self.port = None
         if listen.startswith("unix:"):
             self.path = listen[5:]
@@ -231,7 +227,7 @@ class Base(ts.Base):
         if server:
             cmd += ["--server", "127.0.0.1:%d" % srv.port]
         p = subprocess.run(cmd + list(args), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, timeout=60)
+                           stderr=subprocess.STDOUT, timeout=ts.bound(60))
         out = p.stdout.decode("utf-8", "replace")
         if ok:
             self.assertEqual(p.returncode, 0, "swaks failed:\n%s" % out)
@@ -475,9 +471,8 @@ class TestTlsAuthSmtplib(Base):
                      ["--auth-users", missing, "--auth-plaintext-ok"],
                      ["--auth-users", FIX["users"]],    # AUTH without TLS needs the opt-in
                      ["--require-tls"]):                # and --require-tls a certificate
-            p = subprocess.run([ts.SERVER, "--listen", "127.0.0.1:0", "--maildir",
-                                os.path.join(d, "md")] + args, stdin=subprocess.DEVNULL,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=SAFETY)
+            p = ts.run_server(["--listen", "127.0.0.1:0", "--maildir", os.path.join(d, "md")]
+                              + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             err = p.stderr.decode(errors="replace")
             self.assertNotEqual(p.returncode, 0, "%r accepted:\n%s" % (args, err))
             self.assertNotIn("listening on", err, args)
@@ -1167,10 +1162,10 @@ class TestBlockingOffLoop(Base):
         except BlockingIOError:
             early = b""
         a.sock.setblocking(True)
-        a.sock.settimeout(60)
         self.assertEqual(early, b"", "the AUTH verdict came before the other session was "
                          "served: the check did not run off the loop")
-        self.assertEqual(a.reply().text, "235 2.7.0 Authentication successful")
+        # the hash may take far longer than SAFETY under valgrind (reply() sets the timeout)
+        self.assertEqual(a.reply(ts.bound(60)).text, "235 2.7.0 Authentication successful")
 
 
 class TestHardening(Base):

@@ -5,10 +5,20 @@ Each test starts its own smtpe-server on 127.0.0.1 port 0 with a fresh Maildir, 
 smtplib, swaks, curl or a raw socket, checks every stored message byte for byte, and stops the
 server with SIGTERM, which must make it exit 0.
 
-Usage: test_server.py [SERVER] [--model NAME] [-k PATTERN ...] [-q]
+Usage: test_server.py [SERVER] [--model NAME] [--wrapper "CMD ARGS"] [--slow N] [-k PATTERN ...]
+                      [-q]
   SERVER defaults to $SMTPE_SERVER, then build/smtpe-server in the repository.
   --model runs every server of the suite under that host model (prefork and reuseport with
   --workers 2) unless a test names its own; default: the server's default (epoll).
+  --wrapper (default $SMTPE_SERVER_WRAPPER) runs every smtpe-server process of the suite as
+  `CMD ARGS smtpe-server ...`. "{dir}" in CMD ARGS becomes an empty directory made for that one
+  process (its logs); other paths in it must be absolute (each server runs in its own temporary
+  directory). When CMD is valgrind, --error-exitcode=99 and --log-file={dir}/vg.%p.log
+  are added unless given, and each server must leave, for itself and every process it forks, a
+  log with "ERROR SUMMARY: 0 errors" and must not exit 99; otherwise its test fails.
+  --slow N (default $SMTPE_TEST_SLOW, else 10 under valgrind, else 1) multiplies every time
+  bound of the suite: SAFETY, DRAIN_BOUND, the quiet periods of Client.silent() and the waits
+  for lines that must not come.
 
 Only the Python 3 standard library is used. swaks and curl must be installed (tests/deps.sh does
 it); without them their tests fail. Time limits in this file are safety bounds against a hung
@@ -19,6 +29,7 @@ import argparse
 import email.utils
 import os
 import re
+import shlex
 import shutil
 import signal
 import smtplib
@@ -32,14 +43,79 @@ import unittest
 
 SERVER = None      # path of smtpe-server, set by main()
 MODEL_ARGS = []    # --model/--workers for every server, set by main()
-SAFETY = 10.0      # seconds: the longest any single expected event may take
-SILENCE = 0.7      # seconds of quiet that count as "the server did not answer"
-DRAIN_BOUND = 35.0 # seconds: the longest a SIGTERM'd server may take to exit
+WRAPPER = []       # words run before smtpe-server (--wrapper), set by main(); [] = none
+SLOW = 1.0         # factor on every time bound (--slow), set by main()
+SAFETY = 10.0      # seconds: the longest any single expected event may take (main() scales it)
+SILENCE = 0.7      # native seconds of quiet that count as "the server did not answer"
+                   # (Client.silent() scales it, like every duration given to it)
+DRAIN_BOUND = 35.0 # seconds: the longest a SIGTERM'd server may take to exit (main() scales it)
+VALGRIND_ERROR_EXIT = 99  # the --error-exitcode that marks memcheck errors (and leaks)
 HOST = "mx.example"
 CRLF = b"\r\n"
 
 SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:",
                    "SUMMARY: UndefinedBehaviorSanitizer", "WARNING: ThreadSanitizer")
+
+
+def bound(seconds):
+    """A time bound tuned for a native server (seconds), scaled for a slow one (--slow)."""
+    return seconds * SLOW
+
+
+# ------------------------------------------------------------------------------------------------
+# The wrapper (--wrapper), e.g. valgrind memcheck
+# ------------------------------------------------------------------------------------------------
+def is_valgrind():
+    return bool(WRAPPER) and os.path.basename(WRAPPER[0]).startswith("valgrind")
+
+
+def wrapped(args, wrapper_dir):
+    """The argv that runs smtpe-server with args under WRAPPER; "{dir}" in the wrapper's words
+    becomes wrapper_dir (an existing directory for this one process and its children)."""
+    return [w.replace("{dir}", wrapper_dir) for w in WRAPPER] + [SERVER] + list(args)
+
+
+def wrapper_problems(rc, wrapper_dir, killed=()):
+    """What the wrapper found in one server process (and every process it forked): a list of
+    reports, [] when clean. rc: the process' exit status (negative: killed by that signal);
+    killed: pids the test SIGKILLed on purpose, whose valgrind log has no summary."""
+    if not is_valgrind():
+        return []
+    out = []
+    if rc == VALGRIND_ERROR_EXIT:
+        out.append("valgrind exit status %d: memcheck found errors or leaks" % rc)
+    logs = sorted(n for n in os.listdir(wrapper_dir) if re.fullmatch(r"vg\.\d+\.log", n))
+    if not logs:
+        out.append("no valgrind log (vg.PID.log) in %s: is --log-file={dir}/vg.%%p.log in "
+                   "the wrapper?" % wrapper_dir)
+    for name in logs:
+        with open(os.path.join(wrapper_dir, name), errors="replace") as f:
+            text = f.read()
+        pid = int(name.split(".")[1])
+        summary = re.findall(r"ERROR SUMMARY: (\d+) errors", text)
+        if not summary:
+            if pid not in killed:
+                out.append("%s has no ERROR SUMMARY: process %d died before valgrind finished"
+                           "\n%s" % (name, pid, text[-4000:]))
+        elif int(summary[-1]) != 0:
+            out.append("valgrind found errors in process %d (%s):\n%s" % (pid, name, text))
+    return out
+
+
+def run_server(args, timeout=None, **kw):
+    """Runs smtpe-server once with args (under WRAPPER) until it exits, like subprocess.run
+    with stdin from /dev/null; returns the CompletedProcess. Raises AssertionError when the
+    wrapper reports a problem. timeout: seconds (default SAFETY)."""
+    wrapper_dir = tempfile.mkdtemp(prefix="smtpe-run-")
+    try:
+        p = subprocess.run(wrapped(args, wrapper_dir), stdin=subprocess.DEVNULL,
+                           timeout=SAFETY if timeout is None else timeout, **kw)
+        problems = wrapper_problems(p.returncode, wrapper_dir)
+        if problems:
+            raise AssertionError("smtpe-server %s:\n%s" % (" ".join(args), "\n".join(problems)))
+        return p
+    finally:
+        shutil.rmtree(wrapper_dir, ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -50,7 +126,7 @@ class Server:
 
     def __init__(self, *args, hostname=HOST, maildir=True):
         self.dir = tempfile.mkdtemp(prefix="smtpe-it-")
-        cmd = [SERVER, "--listen", "127.0.0.1:0"]
+        cmd = ["--listen", "127.0.0.1:0"]
         if maildir:
             self.maildir = os.path.join(self.dir, "maildir")
             cmd += ["--maildir", self.maildir]
@@ -61,20 +137,14 @@ class Server:
         if "--model" not in args:
             cmd += MODEL_ARGS
         cmd += list(args)
-        self.cmd = cmd
-        self.lines = []
-        self.cond = threading.Condition()
-        self.eof = False
-        self.proc = subprocess.Popen(cmd, cwd=self.dir, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        self.reader = threading.Thread(target=self._read_stderr, daemon=True)
-        self.reader.start()
+        self._spawn(cmd)
         line = self.wait_log(lambda l: "listening on" in l, SAFETY)
         if line is None:
             self.proc.kill()
             self.proc.wait()
-            raise AssertionError("smtpe-server printed no 'listening on' line: %s\nstderr:\n%s"
-                                 % (" ".join(cmd), self.log_text()))
+            raise AssertionError("smtpe-server printed no 'listening on' line: %s\nstderr:\n%s%s"
+                                 % (" ".join(self.cmd), self.log_text(),
+                                    self.wrapper_report()))
         m = re.search(r"listening on (\[[0-9A-Fa-f:.]*\]|[^\s:\[]+):(\d+)\b", line)
         if not m:
             raise AssertionError("cannot parse the port from %r" % line)
@@ -83,6 +153,26 @@ class Server:
         if self.port == 0:
             raise AssertionError("the server reported port 0, not the real port: %r" % line)
         self.stopped = False
+
+    def _spawn(self, args):
+        """Starts smtpe-server args (under WRAPPER) in self.dir, its stderr read into lines."""
+        self.killed = set()  # pids the test SIGKILLs on purpose (see wrapper_problems)
+        self.wrapper_dir = os.path.join(self.dir, "wrapper")
+        os.mkdir(self.wrapper_dir)
+        self.cmd = wrapped(args, self.wrapper_dir)
+        self.lines = []
+        self.cond = threading.Condition()
+        self.eof = False
+        self.stopped = False
+        self.proc = subprocess.Popen(self.cmd, cwd=self.dir, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.reader = threading.Thread(target=self._read_stderr, daemon=True)
+        self.reader.start()
+
+    def wrapper_report(self):
+        """The wrapper's findings for a server that has exited, as text ("" when none)."""
+        problems = wrapper_problems(self.proc.returncode, self.wrapper_dir, self.killed)
+        return "".join("\n" + p for p in problems)
 
     def _read_stderr(self):
         for raw in self.proc.stderr:
@@ -100,9 +190,10 @@ class Server:
     def log_text(self, last=60):
         return "\n".join(self.log()[-last:])
 
-    def wait_log(self, pred, timeout=SAFETY, start=0):
-        """Waits for a stderr line (from index start on) satisfying pred; returns it or None."""
-        deadline = time.monotonic() + timeout
+    def wait_log(self, pred, timeout=None, start=0):
+        """Waits for a stderr line (from index start on) satisfying pred; returns it or None.
+        timeout: seconds (default SAFETY)."""
+        deadline = time.monotonic() + (SAFETY if timeout is None else timeout)
         with self.cond:
             while True:
                 for l in self.lines[start:]:
@@ -113,9 +204,10 @@ class Server:
                     return None
                 self.cond.wait(left)
 
-    def wait_log_count(self, pred, n, timeout=SAFETY):
-        """Waits until at least n lines satisfy pred; returns the matching lines."""
-        deadline = time.monotonic() + timeout
+    def wait_log_count(self, pred, n, timeout=None):
+        """Waits until at least n lines satisfy pred; returns the matching lines. timeout:
+        seconds (default SAFETY)."""
+        deadline = time.monotonic() + (SAFETY if timeout is None else timeout)
         with self.cond:
             while True:
                 got = [l for l in self.lines if pred(l)]
@@ -124,8 +216,10 @@ class Server:
                     return got
                 self.cond.wait(left)
 
-    def stop(self, timeout=SAFETY):
-        """SIGTERM; returns the exit status (raises if the server does not exit in time)."""
+    def stop(self, timeout=None):
+        """SIGTERM; returns the exit status (raises if the server does not exit within timeout
+        seconds, default SAFETY)."""
+        timeout = SAFETY if timeout is None else timeout
         if self.stopped:
             return self.proc.returncode
         self.stopped = True
@@ -142,15 +236,19 @@ class Server:
 
     def cleanup(self):
         try:
+            problems = []
             if not self.stopped:
                 rc = self.stop()
                 if rc != 0:
-                    raise AssertionError("smtpe-server exited with status %d after SIGTERM\n%s"
-                                         % (rc, self.log_text()))
+                    problems.append("smtpe-server exited with status %d after SIGTERM\n%s"
+                                    % (rc, self.log_text()))
             bad = [l for l in self.log() if any(m in l for m in SANITIZER_MARKS)]
             if bad:
-                raise AssertionError("sanitizer report on the server's stderr:\n%s"
-                                     % self.log_text(200))
+                problems.append("sanitizer report on the server's stderr:\n%s"
+                                % self.log_text(200))
+            problems += wrapper_problems(self.proc.returncode, self.wrapper_dir, self.killed)
+            if problems:
+                raise AssertionError("\n".join(problems))
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -271,7 +369,9 @@ class Client:
                            % (self.buf, self.seen))
         self.buf += chunk
 
-    def line(self, timeout=SAFETY):
+    def line(self, timeout=None):
+        """One reply line without its CRLF; timeout: seconds (default SAFETY)."""
+        timeout = SAFETY if timeout is None else timeout
         deadline = time.monotonic() + timeout
         while CRLF not in self.buf:
             left = deadline - time.monotonic()
@@ -289,7 +389,7 @@ class Client:
         self.seen.append(s)
         return s
 
-    def reply(self, timeout=SAFETY):
+    def reply(self, timeout=None):
         lines = []
         while True:
             l = self.line(timeout)
@@ -302,8 +402,9 @@ class Client:
             if l[3] == " ":
                 return Reply(lines)
 
-    def expect(self, want, timeout=SAFETY):
-        """Reads one reply; want is a code (int) or the exact last line (str)."""
+    def expect(self, want, timeout=None):
+        """Reads one reply; want is a code (int) or the exact last line (str). timeout: seconds
+        (default SAFETY)."""
         r = self.reply(timeout)
         if isinstance(want, int):
             if r.code != want:
@@ -312,15 +413,17 @@ class Client:
             raise AssertionError("expected %r, got %r" % (want, r.lines))
         return r
 
-    def cmd(self, line, want, timeout=SAFETY):
+    def cmd(self, line, want, timeout=None):
         self.send(line + "\r\n" if isinstance(line, str) else line + CRLF)
         return self.expect(want, timeout)
 
     def silent(self, duration=SILENCE):
-        """Asserts that nothing arrives (and the connection stays open) for duration seconds."""
+        """Asserts that nothing arrives (and the connection stays open) for duration native
+        seconds, scaled by --slow: a slow server must get as many of its own "moments" to
+        answer wrongly as a native one."""
         if self.buf:
             raise AssertionError("unexpected output from the server: %r" % self.buf)
-        self.sock.settimeout(duration)
+        self.sock.settimeout(bound(duration))
         try:
             chunk = self.sock.recv(65536)
         except socket.timeout:
@@ -329,9 +432,10 @@ class Client:
             raise AssertionError("the server answered when it had to stay silent: %r" % chunk)
         raise AssertionError("the server closed the connection when it had to stay silent")
 
-    def expect_eof(self, timeout=SAFETY):
-        """Asserts the server closes the connection; returns any octets that came first."""
-        deadline = time.monotonic() + timeout
+    def expect_eof(self, timeout=None):
+        """Asserts the server closes the connection within timeout seconds (default SAFETY);
+        returns any octets that came first."""
+        deadline = time.monotonic() + (SAFETY if timeout is None else timeout)
         got = self.buf
         self.buf = b""
         while True:
@@ -630,7 +734,7 @@ class TestSmtplib(Base):
         for t in ts:
             t.start()
         for t in ts:
-            t.join(60)
+            t.join(bound(60))
         self.assertEqual(errors, [])
         self.assertEqual(len(self.stored(srv, 18)), 18)
 
@@ -676,7 +780,7 @@ class TestRealClients(Base):
     def swaks(self, srv, *args):
         p = subprocess.run([self.tool("swaks"), "--server", "127.0.0.1:%d" % srv.port]
                            + list(args), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, timeout=60)
+                           stderr=subprocess.STDOUT, timeout=bound(60))
         self.assertEqual(p.returncode, 0, "swaks failed:\n%s" % p.stdout.decode("utf-8", "replace"))
         return p.stdout
 
@@ -717,7 +821,7 @@ class TestRealClients(Base):
                             "--mail-from", "a@example.org", "--mail-rcpt", "u@example.com",
                             "--upload-file", path] + list(extra),
                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, timeout=60)
+                           stderr=subprocess.PIPE, timeout=bound(60))
         self.assertEqual(p.returncode, 0, "curl failed:\n%s" % p.stderr.decode("utf-8", "replace"))
         return transcript_queue_id(p.stderr, "< ")
 
@@ -1225,6 +1329,7 @@ class TestServer(Base):
         lines = srv.wait_log_count(lambda l: re.search(r" worker \d+ pid=\d+ started", l), 2)
         self.assertEqual(len(lines), 2, srv.log_text())
         slot, pid = re.search(r" worker (\d+) pid=(\d+) started", lines[0]).groups()
+        srv.killed.add(int(pid))  # its valgrind log (under --wrapper valgrind) ends abruptly
         os.kill(int(pid), signal.SIGKILL)
         self.assertIsNotNone(srv.wait_log(
             lambda l: "worker %s pid=%s killed by signal 9" % (slot, pid) in l, SAFETY),
@@ -1282,8 +1387,7 @@ class TestServer(Base):
         self.assert_nothing_stored(srv)
 
     def test_help(self):
-        p = subprocess.run([SERVER, "--help"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, timeout=SAFETY)
+        p = run_server(["--help"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self.assertEqual(p.returncode, 0)
         text = p.stdout.decode("utf-8", "replace")
         for opt in ("--listen", "--maildir", "--sink", "--hostname", "--max-message-size",
@@ -1294,9 +1398,8 @@ class TestServer(Base):
     def test_bad_option_fails(self):
         for args in (["--no-such-option"], ["--line-ending", "sideways"],
                      ["--max-message-size", "lots"]):
-            p = subprocess.run([SERVER, "--listen", "127.0.0.1:0"] + args,
-                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, timeout=SAFETY)
+            p = run_server(["--listen", "127.0.0.1:0"] + args, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT)
             self.assertNotEqual(p.returncode, 0, args)
 
     def test_line_too_long(self):
@@ -1426,7 +1529,7 @@ class TestServer(Base):
         b.close()                                # abrupt close
         self.sendmail(srv, "a@example.org", ["u@example.com"], b"x\r\n")
         got = srv.wait_log_count(lambda l: "disconnect" in l, 3)
-        time.sleep(0.2)
+        time.sleep(bound(0.2))
         got = [l for l in srv.log() if "disconnect" in l]
         self.assertEqual(len(got), 3, "want one disconnect line per session:\n%s"
                          % srv.log_text())
@@ -1439,7 +1542,7 @@ class TestServer(Base):
             line = srv.wait_log(lambda l: "message id=%s " % q in l + " ")
             self.assertIsNotNone(line, "no 'message id=%s' line:\n%s" % (q, srv.log_text()))
             self.assertRegex(line, r"status=\S+")
-        time.sleep(0.2)
+        time.sleep(bound(0.2))
         self.assertEqual(len([l for l in srv.log() if "message id=" in l]), 2, srv.log_text())
 
     def test_refused_message_logged_once(self):
@@ -1487,10 +1590,10 @@ class TestServer(Base):
         srv = self.start()
         hog = self.session(srv)
         hog.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        hog.sock.settimeout(0.2)
+        hog.sock.settimeout(bound(0.2))
         chunk = b"NOOP\r\n" * 10000
         sent = 0
-        deadline = time.monotonic() + 3
+        deadline = time.monotonic() + bound(3)
         while time.monotonic() < deadline:  # until both directions' buffers are full
             try:
                 sent += hog.sock.send(chunk)
@@ -1648,13 +1751,19 @@ class Result(unittest.TextTestResult):
 def main(module=None):
     """Runs the tests of module (default: this one) against the server named on the command
     line and prints "N passed, N failed"; test_extensions.py runs through this too."""
-    global SERVER, MODEL_ARGS
+    global SERVER, MODEL_ARGS, WRAPPER, SLOW, SAFETY, DRAIN_BOUND
     module = module or sys.modules[__name__]
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser(description=module.__doc__.split("\n")[0])
     ap.add_argument("server", nargs="?", default=os.environ.get("SMTPE_SERVER") or
                     os.path.join(here, "..", "..", "build", "smtpe-server"))
     ap.add_argument("--model", help="host model for every server (epoll, prefork, ...)")
+    ap.add_argument("--wrapper", default=os.environ.get("SMTPE_SERVER_WRAPPER", ""),
+                    metavar="'CMD ARGS'", help="run every server as CMD ARGS smtpe-server ...; "
+                    "{dir} = a directory for that process' logs (e.g. valgrind)")
+    ap.add_argument("--slow", type=float, default=None, metavar="N",
+                    help="multiply every time bound by N (default $SMTPE_TEST_SLOW, else 10 "
+                    "under valgrind, else 1)")
     ap.add_argument("-k", action="append", default=[], help="only tests matching this pattern")
     ap.add_argument("-q", action="store_true", help="less output")
     a = ap.parse_args()
@@ -1667,6 +1776,35 @@ def main(module=None):
         print("smtpe-server not found or not executable: %s" % SERVER, file=sys.stderr)
         print("0 passed, 1 failed")
         return 1
+    WRAPPER = shlex.split(a.wrapper)
+    if WRAPPER and shutil.which(WRAPPER[0]) is None:
+        print("wrapper command not found: %s (tests/deps.sh installs valgrind)" % WRAPPER[0],
+              file=sys.stderr)
+        print("0 passed, 1 failed")
+        return 1
+    if is_valgrind():
+        # its findings are read back from {dir}/vg.PID.log and the exit status (wrapper_problems)
+        if not any(w.startswith("--error-exitcode=") for w in WRAPPER):
+            WRAPPER.insert(1, "--error-exitcode=%d" % VALGRIND_ERROR_EXIT)
+        if not any(w.startswith("--log-file=") for w in WRAPPER):
+            WRAPPER.insert(1, "--log-file={dir}/vg.%p.log")
+        codes = [w.split("=", 1)[1] for w in WRAPPER if w.startswith("--error-exitcode=")]
+        if codes[-1] != str(VALGRIND_ERROR_EXIT):
+            print("the wrapper's --error-exitcode must be %d" % VALGRIND_ERROR_EXIT,
+                  file=sys.stderr)
+            print("0 passed, 1 failed")
+            return 1
+    if a.slow is None:
+        env = os.environ.get("SMTPE_TEST_SLOW")
+        a.slow = float(env) if env else 10.0 if is_valgrind() else 1.0
+    if a.slow < 1:
+        ap.error("--slow must be at least 1")
+    SLOW = a.slow
+    SAFETY *= SLOW
+    DRAIN_BOUND *= SLOW
+    for name in ("SAFETY", "DRAIN_BOUND"):  # a suite that imported the bounds (test_extensions)
+        if module is not sys.modules[__name__] and hasattr(module, name):
+            setattr(module, name, globals()[name])
     loader = unittest.TestLoader()
     if a.k:
         loader.testNamePatterns = ["*%s*" % k for k in a.k]
