@@ -576,8 +576,10 @@ class TestConnectionLimits(Hostile):
             self.expect_refused(c, 554, "5.7.1")
         c = self.conn(srv, source="127.0.0.2", proxy=proxy_v1("198.51.100.21"))
         c.ehlo()
-        self.assertEqual(len([l for l in srv.log() if "reason=not-a-trusted-proxy" in l]), 1,
-                         "reject lines are limited to one a second: %s" % srv.log_text())
+        # one line a second per loop: the suite runs prefork and reuseport with 2 workers
+        lines = [l for l in srv.log() if "reason=not-a-trusted-proxy" in l]
+        self.assertIn(len(lines), (1, 2),
+                      "reject lines are limited to one a second per loop: %s" % srv.log_text())
 
 
 # ------------------------------------------------------------------------------------------------
