@@ -2,25 +2,37 @@
  * fuzz_data.c - libFuzzer target for DATA content: end-of-data detection and dot-unstuffing
  * (engine/data.c, RFC 5321 §4.1.1.4, §4.5.2).
  *
- * Input: [0] line-ending policy (% 3), [1] max_size (<64: none, else (v-64)*4+1), then the
- * octets that follow the DATA line.
+ * Input: [0] bits 0-6 line-ending policy (% 3), bit 7 "stuff"; [1] max_size (<64: none, else
+ * (v-64)*4+1); then the body. Without "stuff" the body is the octets that follow the DATA line
+ * as a client sends them. With "stuff" it is the message a client means to send: the target
+ * ends it with CRLF (unless it is empty or ends so), dot-stuffs it as a client does (a '.'
+ * before every line that starts with '.') and appends ".\r\n"; those are the octets scanned.
  *
  * The content is scanned three times: whole, one octet at a time, and in pieces whose sizes
  * cycle through the input's first octets. Oracles:
  *   - smtpe__data_feed never consumes more than it was given and always makes progress;
  *     a chunk lies within the octets it consumed (or is a static CR, LF or CRLF; under REFUSE
- *     only a CRLF whose CR was held back, or its CR cut at the size limit); no chunk follows a status other than SMTPE_DATA_OK;
+ *     only a CRLF whose CR was held back, or its CR cut at the size limit); no chunk follows a
+ *     status other than SMTPE_DATA_OK;
  *   - all three give the same end offset and, when the end was reached, the same concatenated
  *     content, status, flags and size (before it, the contents so far are prefixes);
  *   - the end is exactly just past the first CR LF . CR LF (the DATA line's CRLF counting as
  *     the first line break), under every policy (SMTP smuggling);
- *   - for content that ended OK without normalisation (always under KEEP), the content is
- *     exactly the octets consumed before the final ".\r\n", dot-unstuffed by a reference (the
- *     first '.' of each CRLF-ended line deleted); before the end it is a prefix of that. For a
- *     correctly stuffed client this is the same as: the content re-stuffed plus ".\r\n" is
- *     the octets consumed; unstuffing is not one-to-one for a line like ".x" or ".\n" that a
- *     client failed to stuff, so the comparison goes this way round;
- *   - at the end, size is the content delivered; HAS_8BIT says whether an octet above 127 was delivered.
+ *   - content (fz_check_dot_content in fuzz_util.h): with U the reference unstuffing (first '.'
+ *     of each CRLF-started line deleted) of the octets before the final ".\r\n", the content is
+ *     U (REFUSE, KEEP) or U normalised (NORMALISE) when the status is OK, a prefix of it
+ *     otherwise, exactly max_size octets for TOO_BIG; BAD_LINE_ENDING (REFUSE) and NORMALISED
+ *     (NORMALISE) iff U holds a bare CR, bare LF or NUL;
+ *   - dot-stuffing round trip: content that ended OK without normalisation (always under KEEP
+ *     and REFUSE), from octets a client stuffed correctly, re-stuffed plus ".\r\n" is exactly
+ *     the octets consumed up to the end of CRLF.CRLF. With "stuff" the octets are stuffed
+ *     correctly by construction, so the round trip is checked for every such message, and
+ *     also: the end is exactly the end of the octets, and the content is the message (REFUSE,
+ *     KEEP; REFUSE refuses it iff it holds a bare CR/LF/NUL) or the message normalised
+ *     (NORMALISE). Before the end (the input ran out) the content is a prefix of the octets
+ *     consumed dot-unstuffed;
+ *   - at the end, size is the content delivered; HAS_8BIT says whether an octet above 127 was
+ *     delivered.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -113,14 +125,38 @@ static void compare(const result *a, const result *b, const char *what)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
+/* The "stuff" input: body[0..n) as a client sends it after DATA, in an exact-size heap block
+ * (*len octets; the caller frees it). */
+static uint8_t *stuff_message(const uint8_t *body, size_t n, size_t *len)
+{
+    fz_buf st = {0};
+    fz_restuff(&st, body, n);
+    if (n > 0 && !(n >= 2 && body[n - 2] == '\r' && body[n - 1] == '\n'))
+        fz_put(&st, "\r\n", 2);
+    fz_put(&st, ".\r\n", 3);
+    uint8_t *q = malloc(st.len);
+    if (!q)
+        abort();
+    memcpy(q, st.p, st.len);
+    *len = st.len;
+    fz_free(&st);
+    return q;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 2)
         return 0;
-    smtpe_line_ending_policy pol = (smtpe_line_ending_policy)(data[0] % 3);
+    smtpe_line_ending_policy pol = (smtpe_line_ending_policy)((data[0] & 0x7f) % 3);
+    int stuff = data[0] >> 7;
     uint64_t max = data[1] < 64 ? 0 : (uint64_t)(data[1] - 64) * 4 + 1;
     const uint8_t *p = data + 2;
     size_t n = size - 2;
+    uint8_t *stuffed = NULL;
+    if (stuff) {
+        stuffed = stuff_message(data + 2, size - 2, &n);
+        p = stuffed;
+    }
     static const uint8_t one[1] = {0};
     if (!pieces[1])
         for (size_t i = 1; i <= 16; i++)
@@ -151,20 +187,51 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                        "HAS_8BIT disagrees with the content");
         if (pol == SMTPE_LINE_ENDING_KEEP)
             FUZZ_CHECK(!(w.d.flags & SMTPE_DATA_NORMALISED), "NORMALISED under KEEP");
-        if (!(w.d.flags & SMTPE_DATA_NORMALISED)) {
-            fz_buf ref = {0};
-            if (w.end >= 0) {
-                fz_unstuff(&ref, p, (size_t)w.end - 3);
-                FUZZ_CHECK(fz_eq(ref.p, ref.len, c, clen),
-                           "content is not the consumed octets dot-unstuffed");
-            } else {
-                fz_unstuff(&ref, p, w.consumed);
-                FUZZ_CHECK(clen <= ref.len && fz_eq(ref.p, clen, c, clen),
-                           "content is not a prefix of the consumed octets dot-unstuffed");
-            }
-            fz_free(&ref);
-        }
     }
+    if (w.end >= 0) {
+        fz_check_dot_content(p, (size_t)w.end, 1, pol, c, clen, w.d.status, w.d.flags, max);
+    } else if (w.d.status == SMTPE_DATA_OK) {
+        fz_buf u = {0}, ref = {0};
+        fz_unstuff(&u, p, w.consumed);
+        if (pol == SMTPE_LINE_ENDING_NORMALISE)
+            fz_normalise(&ref, u.p, u.len);
+        else
+            fz_put(&ref, u.p, u.len);
+        FUZZ_CHECK(clen <= ref.len && fz_eq(ref.p, clen, c, clen),
+                   "content is not a prefix of the consumed octets dot-unstuffed (and, under "
+                   "NORMALISE, normalised)");
+        fz_free(&u);
+        fz_free(&ref);
+    }
+    if (stuff) {
+        /* the message as the client meant it, ended by CRLF */
+        const uint8_t *m = data + 2;
+        size_t mn = size - 2;
+        fz_buf msg = {0}, exp = {0};
+        fz_put(&msg, m, mn);
+        if (mn > 0 && !(mn >= 2 && m[mn - 2] == '\r' && m[mn - 1] == '\n'))
+            fz_put(&msg, "\r\n", 2);
+        FUZZ_CHECK(fz_stuffed(p, n - 3), "reference: fz_restuff gave octets fz_stuffed refuses");
+        FUZZ_CHECK(w.end == (long)n,
+                   "a correctly stuffed message did not end exactly at its final CRLF.CRLF");
+        if (pol == SMTPE_LINE_ENDING_NORMALISE)
+            fz_normalise(&exp, msg.p, msg.len);
+        else
+            fz_put(&exp, msg.p, msg.len);
+        if (w.d.status == SMTPE_DATA_OK)
+            FUZZ_CHECK(fz_eq(c, clen, exp.p, exp.len),
+                       "a correctly stuffed message did not come out as the message");
+        if (pol == SMTPE_LINE_ENDING_KEEP || pol == SMTPE_LINE_ENDING_NORMALISE)
+            FUZZ_CHECK(w.d.status == (max && exp.len > max ? SMTPE_DATA_TOO_BIG : SMTPE_DATA_OK),
+                       "KEEP/NORMALISE: a stuffed message was refused other than for its size");
+        else if (w.d.status != SMTPE_DATA_TOO_BIG)
+            FUZZ_CHECK((w.d.status == SMTPE_DATA_BAD_LINE_ENDING) ==
+                           (fz_count_bare(msg.p, msg.len) > 0),
+                       "REFUSE: a stuffed message refused iff it holds a bare CR/LF/NUL");
+        fz_free(&msg);
+        fz_free(&exp);
+    }
+    free(stuffed);
     fz_free(&w.content);
     fz_free(&b.content);
     fz_free(&s.content);

@@ -17,7 +17,10 @@
  *   - walking the TLVs with smtpe_proxy_tlv_next covers exactly the TLV span, each value
  *     within it; walking arbitrary octets never leaves them;
  *   - smtpe__proxy_parse of the raw client octets succeeds only if the reader, given the same
- *     octets, says DONE at exactly their end.
+ *     octets, says DONE at exactly their end;
+ *   - reference for v2 LOCAL (§2.2): the signature, 0x20 and a length within the input and the
+ *     buffer are a header, read whole and parsed as local, whatever the family octet and the
+ *     block hold.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -348,6 +351,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         feed(p, n, MAX_CAP, 0, seed, &piece);
         FUZZ_CHECK(piece.result == SMTPE__PROXY_DONE && piece.used == n,
                    "a parsed header is not what the reader reads");
+    }
+
+    /* reference for v2 LOCAL (§2.2): "the receiver must accept this connection as valid and
+     * must use the real connection endpoints and discard the protocol block including the
+     * family": the signature, version 2 / command LOCAL and a length that fits the buffer make
+     * a header whatever the family octet and the block hold */
+    if (n >= 16 && memcmp(p, v2_sig, sizeof v2_sig) == 0 && p[12] == 0x20) {
+        size_t total = 16 + ((size_t)p[14] << 8 | p[15]);
+        if (total <= n && total <= cap) {
+            FUZZ_CHECK(whole.result == SMTPE__PROXY_DONE && whole.used == total,
+                       "a v2 LOCAL header was not read whole (its family and block are ignored)");
+            smtpe_proxy_info li;
+            FUZZ_CHECK(smtpe__proxy_parse(whole.buf, whole.len, &li) == 0 && li.version == 2 &&
+                           li.local,
+                       "a v2 LOCAL header does not parse as local (§2.2)");
+        }
     }
 
     /* TLV walking over arbitrary octets stays within them */

@@ -40,8 +40,10 @@
  *
  * Each input runs the session twice:
  *   run 1 ("split"): client octets arrive in fuzz-chosen pieces, output is acknowledged in
- *     fuzz-chosen parts (so reply-buffer backpressure happens), verdicts may be deferred; the
- *     session is made by smtpe_server_new with a counting allocator.
+ *     fuzz-chosen parts (so reply-buffer backpressure happens; a decision octet 255 there
+ *     stalls the peer: nothing is sent for the next 1..256 chances, unless the host has nothing
+ *     else to do), verdicts may be deferred; the session is made by smtpe_server_new with a
+ *     counting allocator.
  *   run 2 ("whole"): all client octets are available at once, output is always sent in full,
  *     no deferral; the session lives in caller memory (smtpe_server_init).
  * The host decisions (verdict, reply code/text, challenge, clock advance, pre-TLS octets) are
@@ -63,18 +65,25 @@
  *       return codes, statistics (discarded_octets, tls, authenticated too) and octets consumed;
  *   (b) output: every reply line matches ^[2-5][0-9][0-9][ -], ends in CRLF, has no other
  *       control octet, is at most 512 octets (a "334 " SASL challenge at most 4 + 2048 + 2,
- *       base64 of up to 1536 octets), and a "ddd-" line is followed by one of the same code; the
- *       output ends with a complete reply; queued output never changes before it is sent;
- *   (c) DATA content: for a message that ended SMTPE_DATA_OK without normalisation (always so
- *       under KEEP), the concatenated chunks are exactly the octets the engine consumed between
- *       the DATA line and the DATA_END event, less the final ".\r\n", dot-unstuffed by a
- *       reference (first '.' of each CRLF-ended line deleted). For a client that stuffed
- *       correctly this is "the chunks re-stuffed plus .CRLF are the octets consumed"; it is
- *       checked this way round because unstuffing is not one-to-one on a line like ".x" that was
- *       not stuffed. In every policy the first CRLF.CRLF (counting the DATA line's CRLF) is
- *       exactly where the content ended; DATA_END.size is the octets delivered (at least those
- *       when the status is not OK); HAS_8BIT says whether one was above 127; DATA never comes
- *       after BODY=BINARYMIME;
+ *       base64 of up to 1536 octets), and a "ddd-" line is followed by one of the same code; a
+ *       line whose text starts with an enhanced status code (d.d.d then SP or CRLF) has a valid
+ *       one (RFC 3463 §2) whose class is the reply code's first digit, and the lines of one
+ *       reply all carry the same one or none; the output ends with a complete reply; queued
+ *       output never changes before it is sent;
+ *   (c) DATA content (fz_check_dot_content in fuzz_util.h), against the octets the engine
+ *       consumed between the DATA line and the DATA_END event: in every policy the first
+ *       CRLF.CRLF (counting the DATA line's CRLF) is exactly where the content ended (SMTP
+ *       smuggling); with U those octets less the final ".\r\n" dot-unstuffed by a reference
+ *       (first '.' of each CRLF-started line deleted), the concatenated chunks are U (REFUSE,
+ *       KEEP) or U normalised (NORMALISE) for status OK, a prefix of it otherwise, exactly
+ *       max_message_size octets for TOO_BIG; BAD_LINE_ENDING / NORMALISED iff U holds a bare
+ *       CR, bare LF or NUL; and, as its own oracle, the dot-stuffing round trip: content that
+ *       ended OK without normalisation, from octets the client stuffed correctly, re-stuffed
+ *       plus ".\r\n" is exactly the octets consumed up to the end of CRLF.CRLF (unstuffing is
+ *       not one-to-one on a line like ".x" that was not stuffed, and under NORMALISE a '.' after
+ *       a bare line break comes to a line start, so neither gets the round trip);
+ *       DATA_END.size is the octets delivered (at least those when the status is not OK);
+ *       HAS_8BIT says whether one was above 127; DATA never comes after BODY=BINARYMIME;
  *   (c') BDAT content: the raw chunk octets are the SIZE octets right after each BDAT line (the
  *       engine consumes exactly them: CHUNK_END and a chunked DATA_END come with the consumed
  *       offset at the chunk's end). For the message the chunks are one text: under KEEP or
@@ -87,7 +96,10 @@
  *       verdicts (one per recipient under LMTP, after LAST only), or the engine's refusal, which
  *       for a chunk without LAST is one reply even under LMTP (RFC 3030 §2, RFC 2033 §4.2);
  *   (d) memory: smtpe_server_new makes exactly one allocation of smtpe_server_memory_size(cfg)
- *       octets, none afterwards, and smtpe_server_free releases that one;
+ *       octets, none afterwards, and smtpe_server_free releases that one; memory_size(cfg) is
+ *       smtpe.h's formula S + (max_line_length - 2) + max(reply_buffer_size, R + 600) + L with
+ *       the same S (the session struct, rounded to max_align_t) for every config, and on LP64
+ *       the figures smtpe.h gives for the defaults (5950, 57150 with lmtp);
  *   (e) smtpe_server_recv returns 0..len; next_event returns 0 or 1 and agrees with
  *       SMTPE_WANT_EVENT; send_buf agrees with SMTPE_WANT_WRITE; recv consumes only with
  *       SMTPE_WANT_READ, and with it consumes or makes an event; a session at rest wants to read
@@ -112,7 +124,17 @@
  *   (i) PROXY_INVALID: nothing has been queued or sent and the session wants only to close;
  *       PROXY: the TLVs walk exactly;
  *   (j) want()/expiry(): while SMTPE_WANT_TLS the session wants neither READ, EVENT, VERDICT nor
- *       CLOSE and expiry() is UINT64_MAX.
+ *       CLOSE and expiry() is UINT64_MAX;
+ *   (k) room: a verdict refused with SMTPE_ERR_REPLY_TOO_LONG is refused again once the host
+ *       has sent everything queued (too long is a property of the reply, never of unsent
+ *       output: the engine takes input only while it keeps room for the reply it will owe,
+ *       under LMTP one line per recipient);
+ *   (l) verbatim: the reply a successful smtpe_server_reply / smtpe_server_close queues is
+ *       exactly the host's text as smtpe.h describes it (one line per text line, "ddd-" /
+ *       "ddd ", the enhanced code, given or "x.0.0", before each line's text when
+ *       ENHANCEDSTATUSCODES is on and the code is not 3xx; PROXY/XCLIENT 220: the greeting
+ *       "<hostname> <text>"), nothing cut; an error reply past max_errors becomes 421 and
+ *       closes instead. HELO/EHLO 2xx replies are not compared.
  *
  * Reproduce a crash: fuzz/out/fuzz_session CRASHFILE (it prints what was violated; with
  * FUZZ_TRACE=1 in the environment it also prints every call and event of both runs).
@@ -196,9 +218,11 @@ static char text_lines[1200];  /* 100 short lines */
 static char text_many[2200];   /* 700 one-octet lines: more text than a small buffer holds */
 static char text_total[2100];  /* 2049 octets of text in 6 lines: over the total */
 static uint8_t chal_big[CHAL_BIG + 1];
+static char text_3x300[900];   /* lines of 300, 299, 298 octets: a greeting (hostname SP text)
+                                  longer than one 512-octet buffer */
 
 static const char *texts[] = {
-    NULL, NULL, "Ok", "", "first line\nsecond line", "a\n\nb", text_400, text_401,
+    NULL, text_3x300, "Ok", "", "first line\nsecond line", "a\n\nb", text_400, text_401,
     "tab\there", "trailing newline\n", "\n", "caf\xc3\xa9 na\xc3\xafve", "cr\rin text",
     text_lines, text_many, text_total,
 };
@@ -221,6 +245,8 @@ static void texts_init(void)
             text_many[o++] = '\n';
         text_many[o++] = 'm';
     }
+    memset(text_3x300, 'g', sizeof text_3x300 - 1);
+    text_3x300[300] = text_3x300[600] = '\n';
     memset(text_total, 't', 2054);
     for (int i = 1; i <= 5; i++)
         text_total[i * 342] = '\n';
@@ -410,6 +436,7 @@ typedef struct run {
     size_t junk_left; /* pre-TLS client octets still to feed */
     size_t discarded; /* octets fed while TLS was pending */
     unsigned tls_tries;
+    unsigned stall;   /* split run: partial sends still to send nothing (a stalled peer) */
 
     /* the host's model of the session (what the verdicts it gave mean) */
     smtpe_event_type pend_type; /* the event whose verdict is due */
@@ -605,6 +632,9 @@ static void check_content(run *r, const smtpe_event *ev)
                         c->client[r->data_start - 1] == '\n';
     FUZZ_CHECK(fz_end_of_data_from(region, n, at_line_start) == (long)n,
                "content did not end exactly at the first CRLF.CRLF (smuggling oracle)");
+    /* the content against the octets consumed for it, and the dot-stuffing round trip */
+    fz_check_dot_content(region, n, at_line_start, c->cfg.line_ending, m, mlen,
+                         ev->data_end.status, ev->data_end.flags, c->cfg.max_message_size);
     if (ev->data_end.status != SMTPE_DATA_OK)
         return;
     if (c->cfg.max_message_size)
@@ -613,13 +643,6 @@ static void check_content(run *r, const smtpe_event *ev)
                "HAS_8BIT flag disagrees with the content");
     if (c->cfg.line_ending == SMTPE_LINE_ENDING_KEEP)
         FUZZ_CHECK(!(ev->data_end.flags & SMTPE_DATA_NORMALISED), "NORMALISED under KEEP");
-    if (ev->data_end.flags & SMTPE_DATA_NORMALISED)
-        return;
-    fz_buf ref = {0};
-    fz_unstuff(&ref, region, n - 3);
-    FUZZ_CHECK(fz_eq(ref.p, ref.len, m, mlen),
-               "content is not the octets consumed for it dot-unstuffed (less the final .CRLF)");
-    fz_free(&ref);
 }
 
 /* Oracle (c'): a message that came by BDAT against the raw octets of its chunks. */
@@ -1075,6 +1098,89 @@ static void model_tls_up(run *r)
     model_reset_txn(r);
 }
 
+/* Makes the call the decision d asks for (reply, close or challenge). Returns its result. */
+static int verdict_call(run *r, const decision *d, smtpe_event_type t)
+{
+    (void)t;
+    if (d->kind == K_REPLY)
+        return smtpe_server_reply(r->s, d->code, d->enhanced, d->text);
+    if (d->kind == K_CLOSE)
+        return smtpe_server_close(r->s, d->code, d->enhanced, d->text);
+    if (d->kind == K_CHALLENGE)
+        return smtpe_server_auth_challenge(r->s, d->chal_len > CHAL_MAX ? chal_big : d->chal,
+                                           d->chal_len);
+    return 0;
+}
+
+/* Oracle (l): the reply a successful smtpe_server_reply / smtpe_server_close queued (at
+ * queued[q0..)) is exactly the host's reply as smtpe.h describes it: one line per '\n'-separated
+ * line of the text (a NULL text: the default, not checked), "ddd-" on all but the last,
+ * "ddd " on the last, each line's text preceded by the enhanced status code and a space (none
+ * before an empty line) when ENHANCEDSTATUSCODES is on and the code is not 3xx (the host's, or
+ * "x.0.0" from the code's class when it gave none), nothing cut. PROXY and XCLIENT 220 are the
+ * greeting, "<hostname> <text>" without an enhanced code; HELO/EHLO 2xx (the EHLO keywords
+ * follow) are not checked. Further replies (an error-limit 421) may follow. */
+static void check_verbatim(run *r, const decision *d, smtpe_event_type t, size_t q0)
+{
+    const smtpe_server_config *cfg = &r->c->cfg;
+    if (!d->text || (t == SMTPE_EV_HELO && d->code / 100 == 2))
+        return;
+    int greeting = (t == SMTPE_EV_PROXY || t == SMTPE_EV_XCLIENT) && d->code == 220 &&
+                   d->kind == K_REPLY;
+    char enh[6] = {(char)('0' + d->code / 100 % 10), '.', '0', '.', '0', 0};
+    const char *e = d->enhanced ? d->enhanced : enh;
+    if (!(cfg->extensions & SMTPE_EXT_ENHANCEDSTATUSCODES) || d->code / 100 == 3 || greeting ||
+        (t == SMTPE_EV_HELO && d->kind == K_REPLY))
+        e = NULL;
+    fz_buf text = {0}, exp = {0};
+    if (greeting) {
+        fz_put(&text, cfg->hostname, strlen(cfg->hostname));
+        fz_put_u8(&text, ' ');
+    }
+    fz_put(&text, d->text, strlen(d->text));
+    char cc[4];
+    snprintf(cc, sizeof cc, "%03u", d->code);
+    size_t a = 0;
+    for (;;) {
+        size_t b = a;
+        while (b < text.len && text.p[b] != '\n')
+            b++;
+        fz_put(&exp, cc, 3);
+        fz_put_u8(&exp, b == text.len ? ' ' : '-');
+        if (e) {
+            fz_put(&exp, e, strlen(e));
+            if (b > a)
+                fz_put_u8(&exp, ' ');
+        }
+        if (b > a)
+            fz_put(&exp, text.p + a, b - a);
+        fz_put(&exp, "\r\n", 2);
+        if (b == text.len)
+            break;
+        a = b + 1;
+    }
+    size_t got = r->queued.len - q0;
+    /* the error past max_errors becomes 421 4.7.0 and closes (smtpe.h SMTPE_EV_ERROR_LIMIT; the
+     * errors: 500-504, 555 and 535) */
+    unsigned k = d->code;
+    int error = (k >= 500 && k <= 504) || k == 555 || k == 535;
+    if (error && d->kind == K_REPLY && cfg->max_errors && got >= 4 &&
+        memcmp(r->queued.p + q0, "421 ", 4) == 0) {
+        FUZZ_CHECK(smtpe_server_want(r->s) & SMTPE_WANT_CLOSE,
+                   "an error reply became 421 but the session does not close");
+        fz_free(&text);
+        fz_free(&exp);
+        return;
+    }
+    if (!(got >= exp.len && memcmp(r->queued.p + q0, exp.p, exp.len) == 0)) {
+        fprintf(stderr, "--- expected reply:\n%.*s--- queued:\n%.*s\n", (int)exp.len,
+                (const char *)exp.p, (int)got, (const char *)r->queued.p + q0);
+        FUZZ_CHECK(0, "the reply queued is not the host's reply text verbatim (oracle l)");
+    }
+    fz_free(&text);
+    fz_free(&exp);
+}
+
 static void give_verdict(run *r)
 {
     const fcase *c = r->c;
@@ -1095,17 +1201,26 @@ static void give_verdict(run *r)
         send_output(r, 1);
     }
     sync_out(r);
-    size_t f0 = r->finals;
-    if (d->kind == K_REPLY) {
-        rc = smtpe_server_reply(r->s, d->code, d->enhanced, d->text);
+    size_t f0 = r->finals, q0 = r->queued.len;
+    rc = verdict_call(r, d, t);
+    if (rc == SMTPE_ERR_REPLY_TOO_LONG) {
+        /* oracle (k): too long is a property of the reply, not of the output the host has not
+         * sent yet (the engine takes input only while it has room for a reply, and under LMTP
+         * for one line per recipient): once everything queued is sent, the same call still
+         * fails (the whole run has sent everything already, so both runs do the same) */
+        send_output(r, 1);
+        sync_out(r);
+        q0 = r->queued.len;
+        FUZZ_CHECK(verdict_call(r, d, t) == SMTPE_ERR_REPLY_TOO_LONG,
+                   "a verdict refused as too long fitted once the queued output was sent: the "
+                   "engine took input without keeping room for its reply (oracle k)");
+    }
+    if (d->kind == K_REPLY)
         code = d->code;
-    } else if (d->kind == K_CLOSE) {
-        rc = smtpe_server_close(r->s, d->code, d->enhanced, d->text);
+    else if (d->kind == K_CLOSE) {
         code = d->code;
         closed = rc == 0;
     } else if (d->kind == K_CHALLENGE) {
-        const uint8_t *cd = d->chal_len > CHAL_MAX ? chal_big : d->chal;
-        rc = smtpe_server_auth_challenge(r->s, cd, d->chal_len);
         if (t != SMTPE_EV_AUTH || !r->auth_other)
             FUZZ_CHECK(rc == SMTPE_ERR_STATE, "auth_challenge accepted for PLAIN or LOGIN");
         else if (d->chal_len > CHAL_BIG)
@@ -1117,6 +1232,10 @@ static void give_verdict(run *r)
     FUZZ_CHECK(rc == 0 || rc == SMTPE_ERR_INVALID_ARGUMENT || rc == SMTPE_ERR_REPLY_TOO_LONG ||
                    (d->kind == K_CHALLENGE && rc == SMTPE_ERR_STATE),
                "reply/close returned an error other than INVALID_ARGUMENT/REPLY_TOO_LONG");
+    if (rc == 0 && (d->kind == K_REPLY || d->kind == K_CLOSE)) {
+        sync_out(r);
+        check_verbatim(r, d, t, q0);
+    }
     TRACE("[%s] verdict for %d: kind=%d code=%u enh=%s -> %d\n", r->split ? "split" : "whole",
           (int)t, d->kind, d->code, d->enhanced ? d->enhanced : "-", rc);
     fz_put_u8(&r->log, 'V');
@@ -1236,9 +1355,14 @@ static int send_output(run *r, int all)
         return 0;
     FUZZ_CHECK(p != NULL, "send_buf returned NULL with a length");
     size_t n = len;
-    if (!all) {
+    if (!all && r->stall > 0) {
+        r->stall--; /* the peer reads nothing for a while (its window is full) */
+        n = 0;
+    } else if (!all) {
         unsigned v = prov_u8(&r->c->pv);
-        switch (v & 7) {
+        if (v == 255) /* a stall: this and the next 1..256 partial sends send nothing */
+            r->stall = 1 + prov_u8(&r->c->pv);
+        switch (v == 255 ? 0 : v & 7) {
         case 0: case 1: n = 0; break;
         case 2: n = 1; break;
         case 3: n = len > 1 ? len - 1 : len; break;
@@ -1471,11 +1595,48 @@ static int is_base64(const uint8_t *p, size_t n)
     return n % 4 == 0;
 }
 
+/* The length of the enhanced status code (RFC 3463 §2, RFC 2034 §4) that starts the text
+ * p[0..n) of a reply line: digit "." digits "." digits, then SP or the end of the line; 0 if the
+ * text does not start with one. The parts' lengths and the class are checked by the caller. */
+static size_t enhanced_at(const uint8_t *p, size_t n)
+{
+    size_t i = 0;
+    for (int part = 0; part < 3; part++) {
+        size_t d = i;
+        while (i < n && p[i] >= '0' && p[i] <= '9')
+            i++;
+        if (i == d || (part == 0 && i - d != 1))
+            return 0;
+        if (part < 2) {
+            if (i >= n || p[i] != '.')
+                return 0;
+            i++;
+        }
+    }
+    return i == n || p[i] == ' ' ? i : 0;
+}
+
+/* 1 if e[0..n) (as enhanced_at found it) is a valid enhanced status code for a reply whose code
+ * starts with the digit first: class 2, 4 or 5 equal to it, subject and detail 1..3 digits. */
+static int enhanced_fits(const uint8_t *e, size_t n, uint8_t first)
+{
+    if (e[0] != first || (first != '2' && first != '4' && first != '5'))
+        return 0;
+    size_t i = 2, d = 0;
+    while (e[i] != '.') {
+        i++;
+        d++;
+    }
+    return d >= 1 && d <= 3 && n - i - 1 >= 1 && n - i - 1 <= 3;
+}
+
 /* Oracle (b) over everything the session sent. */
 static void check_output(const uint8_t *p, size_t n)
 {
     size_t i = 0;
     unsigned open = 0; /* code of an unfinished multi-line reply */
+    const uint8_t *open_enh = NULL; /* its enhanced status code (NULL: none) */
+    size_t open_enh_len = 0;
     while (i < n) {
         size_t j = i;
         while (j + 1 < n && !(p[j] == '\r' && p[j + 1] == '\n'))
@@ -1498,8 +1659,20 @@ static void check_output(const uint8_t *p, size_t n)
                        "control octet inside a reply line (RFC 5321 4.2: HT allowed)");
         unsigned code = (unsigned)(p[i] - '0') * 100 + (unsigned)(p[i + 1] - '0') * 10 +
                         (unsigned)(p[i + 2] - '0');
-        if (open)
+        size_t el = enhanced_at(p + i + 4, j - (i + 4));
+        if (el)
+            FUZZ_CHECK(enhanced_fits(p + i + 4, el, p[i]),
+                       "enhanced status code invalid or of another class than the reply code "
+                       "(RFC 3463 §2: its class is the reply code's first digit)");
+        if (open) {
             FUZZ_CHECK(code == open, "multi-line reply changes its code");
+            FUZZ_CHECK(fz_eq(open_enh, open_enh_len, el ? p + i + 4 : NULL, el),
+                       "multi-line reply changes its enhanced status code (or has it on some "
+                       "lines only)");
+        } else { /* the first line of a reply: the others repeat its code and enhanced code */
+            open_enh = el ? p + i + 4 : NULL;
+            open_enh_len = el;
+        }
         open = p[i + 3] == '-' ? code : 0;
         i = j + 2;
     }
@@ -1611,6 +1784,50 @@ static void make_config(fcase *c, const uint8_t *h)
     cfg->proxy_protocol = (h[14] >> 5) & 1;
 }
 
+/* smtpe.h's formula of smtpe_server_memory_size(cfg) without S, the session struct:
+ *   (max_line_length - 2) + max(reply_buffer_size, R + 600) + L
+ * R = max(2560, E), E = 1100 + strlen(auth_mechanisms) + sum(6 + strlen(ehlo_extra[i])),
+ * L = 512 * max_recipients under LMTP, else 0. In octets. */
+static size_t formula_without_s(const smtpe_server_config *cfg)
+{
+    size_t e = 1100 + (cfg->auth_mechanisms ? strlen(cfg->auth_mechanisms) : 0);
+    for (size_t i = 0; i < cfg->ehlo_extra_count; i++)
+        e += 6 + strlen(cfg->ehlo_extra[i]);
+    size_t room = e > 2560 ? e : 2560;
+    size_t out = cfg->reply_buffer_size > room + 600 ? cfg->reply_buffer_size : room + 600;
+    if (cfg->lmtp)
+        out += (size_t)512 * cfg->max_recipients;
+    return (cfg->max_line_length - 2) + out;
+}
+
+/* Oracle (d), the formula: memory_size(cfg) - formula_without_s(cfg) is the same S for every
+ * valid config, a multiple of max_align_t's size, and (LP64) the one the figures of smtpe.h
+ * give: "With the defaults: 5950 octets (57150 with lmtp)", so S = 5950 - 510 - 4096. */
+static void check_memory_formula(const smtpe_server_config *cfg, size_t memsize)
+{
+    static size_t s_default;
+    if (!s_default) {
+        smtpe_server_config d;
+        smtpe_server_config_init(&d);
+        size_t m = smtpe_server_memory_size(&d);
+        FUZZ_CHECK(m > formula_without_s(&d), "memory_size of the defaults below the formula");
+        s_default = m - formula_without_s(&d);
+        FUZZ_CHECK(s_default % sizeof(max_align_t) == 0,
+                   "memory formula: S is not rounded to max_align_t");
+        if (sizeof(void *) == 8) {
+            FUZZ_CHECK(m == 5950, "memory_size of the defaults is not smtpe.h's 5950 octets");
+            d.lmtp = 1;
+            FUZZ_CHECK(smtpe_server_memory_size(&d) == 57150,
+                       "memory_size of the defaults with lmtp is not smtpe.h's 57150 octets");
+        }
+    }
+    if (memsize != s_default + formula_without_s(cfg)) {
+        fprintf(stderr, "memory_size %zu, formula %zu + S %zu\n", memsize, formula_without_s(cfg),
+                s_default);
+        FUZZ_CHECK(0, "smtpe_server_memory_size is not the formula documented in smtpe.h");
+    }
+}
+
 /* The creation paths and their errors; oracle (d) for the allocator-less ones. */
 static void check_creation(const smtpe_server_config *cfg, size_t size)
 {
@@ -1666,6 +1883,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                    "memory_size said invalid config but smtpe_server_new did not");
         return 0;
     }
+    check_memory_formula(&c.cfg, memsize);
     check_creation(&c.cfg, memsize);
 
     /* run 1: split, smtpe_server_new with the counting allocator */

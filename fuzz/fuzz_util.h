@@ -98,14 +98,48 @@ static inline int fz_within(smtpe_span s, const void *base, size_t n)
 /* Dot-unstuffing (RFC 5321 §4.5.2) as the reference: the first '.' of every line is deleted
  * (a line that is just "." ends the data and must not be passed), where only CRLF ends a line
  * and the content starts at the start of a line. */
-static inline void fz_unstuff(fz_buf *out, const uint8_t *p, size_t n)
+static inline void fz_unstuff_from(fz_buf *out, const uint8_t *p, size_t n, int at_line_start)
 {
-    int bol = 1;
+    int bol = at_line_start;
     for (size_t i = 0; i < n; i++) {
         if (!(bol && p[i] == '.'))
             fz_put_u8(out, p[i]);
         bol = (p[i] == '\n' && i > 0 && p[i - 1] == '\r');
     }
+}
+
+static inline void fz_unstuff(fz_buf *out, const uint8_t *p, size_t n)
+{
+    fz_unstuff_from(out, p, n, 1);
+}
+
+/* Dot-stuffing (RFC 5321 §4.5.2), what a client does: a '.' is added before every line that
+ * starts with '.', where a line starts at p[0] and after every CRLF (a bare CR or LF starts
+ * none, as in the engine). */
+static inline void fz_restuff(fz_buf *out, const uint8_t *p, size_t n)
+{
+    int bol = 1;
+    for (size_t i = 0; i < n; i++) {
+        if (bol && p[i] == '.')
+            fz_put_u8(out, '.');
+        fz_put_u8(out, p[i]);
+        bol = (p[i] == '\n' && i > 0 && p[i - 1] == '\r');
+    }
+}
+
+/* 1 if p[0..n) is content a client stuffed correctly: every line (as fz_restuff counts them)
+ * that starts with '.' starts with "..". Exactly then fz_restuff(fz_unstuff(p)) == p. */
+static inline int fz_stuffed(const uint8_t *p, size_t n)
+{
+    int bol = 1;
+    for (size_t i = 0; i < n; i++) {
+        if (bol && p[i] == '.' && !(i + 1 < n && p[i + 1] == '.'))
+            return 0;
+        if (bol && p[i] == '.')
+            i++; /* the stuffed dot and the dot it protects */
+        bol = (p[i] == '\n' && i > 0 && p[i - 1] == '\r');
+    }
+    return 1;
 }
 
 /* The end of data: the offset just past the first CR LF . CR LF in p[0..n). at_line_start: p is
@@ -201,6 +235,20 @@ static inline void fz_check_path(const smtpe_path *pa, const void *base, size_t 
                "path: ADDR_LITERAL flag does not match the domain");
     if (fz_has_8bit(m.ptr, m.len))
         FUZZ_CHECK(pa->flags & SMTPE_PATH_UTF8, "path: non-ASCII mailbox without the UTF8 flag");
+    if (d.ptr[0] != '[') {
+        /* RFC 1035 §2.3.4: an ASCII label is 1..63 octets (a U-label's limit is that of its
+         * A-label, which the engine does not compute) */
+        size_t a = 0;
+        while (a <= d.len) {
+            size_t b = a;
+            while (b < d.len && d.ptr[b] != '.')
+                b++;
+            FUZZ_CHECK(b > a, "path: empty domain label");
+            if (!fz_has_8bit(d.ptr + a, b - a))
+                FUZZ_CHECK(b - a <= 63, "path: domain label longer than 63 octets (RFC 1035)");
+            a = b + 1;
+        }
+    }
 }
 
 /* BDAT content (RFC 3030 §2) under the line-ending policies, as the reference the oracles compare
@@ -252,6 +300,81 @@ static inline void fz_normalise(fz_buf *out, const uint8_t *p, size_t n)
             fz_put_u8(out, p[i]);
         }
     }
+}
+
+/* The oracles on the content of one message sent by DATA (RFC 5321 §4.1.1.4, §4.5.2), shared
+ * by fuzz_data and fuzz_session.
+ *
+ *   raw[0..n)      the octets the engine consumed from the start of the content to the end of
+ *                  the first CRLF.CRLF, so n >= 3 and raw ends in ".\r\n" (the CRLF before it
+ *                  is the last line's, or the DATA line's for empty content);
+ *   at_line_start  the DATA line ended in CRLF (else, under NORMALISE, in a bare CR or LF,
+ *                  which starts no line);
+ *   pol            the line-ending policy; c[0..clen) the content handed out; status and flags
+ *                  those of the end of the message; max the size limit in octets (0: none).
+ *
+ * With U the reference unstuffing (fz_unstuff_from) of raw less its final ".\r\n" and N the
+ * reference normaliser (fz_normalise), the reference content is U under REFUSE and KEEP and
+ * N(U) under NORMALISE (a bare CR/LF starts no line, so a '.' after one is content, and it is
+ * normalised after unstuffing). Checked:
+ *   - the content is a prefix of the reference; equal to it when the status is OK; exactly max
+ *     octets long when the status is TOO_BIG;
+ *   - REFUSE: BAD_LINE_ENDING iff U holds a bare CR, bare LF or NUL (unless TOO_BIG came first),
+ *     and then the content is exactly U up to that octet (never the octet itself);
+ *     NORMALISE with status OK: NORMALISED iff U holds one or the DATA line ended bare;
+ *   - dot-stuffing round trip: for content that ended OK without normalisation (always so
+ *     under KEEP, and under REFUSE), after a DATA line that ended in CRLF, and that the client
+ *     stuffed correctly (fz_stuffed: every line starting with '.' starts with ".."), the
+ *     content re-stuffed plus ".\r\n" is exactly raw. For content that was not stuffed
+ *     correctly (a line ".x"), unstuffing is not one-to-one, so only the first oracle holds.
+ *     Under NORMALISE with NORMALISED set it does not hold either: a '.' after a bare line break
+ *     was not stuffed (it was at no line start) but is at a line start in the normalised
+ *     content, where re-stuffing doubles it; what holds there is content = N(U). */
+static inline void fz_check_dot_content(const uint8_t *raw, size_t n, int at_line_start,
+                                        smtpe_line_ending_policy pol, const uint8_t *c,
+                                        size_t clen, int status, unsigned flags, uint64_t max)
+{
+    FUZZ_CHECK(n >= 3 && raw[n - 3] == '.' && raw[n - 2] == '\r' && raw[n - 1] == '\n',
+               "DATA content: the consumed octets do not end in .CRLF");
+    fz_buf u = {0}, ref = {0};
+    fz_unstuff_from(&u, raw, n - 3, at_line_start);
+    size_t bare = fz_count_bare(u.p, u.len);
+    if (pol == SMTPE_LINE_ENDING_NORMALISE)
+        fz_normalise(&ref, u.p, u.len);
+    else
+        fz_put(&ref, u.p, u.len);
+    FUZZ_CHECK(clen <= ref.len && fz_eq(c, clen, ref.p, clen),
+               "DATA content is not a prefix of the consumed octets dot-unstuffed (and, under "
+               "NORMALISE, normalised)");
+    if (status == SMTPE_DATA_OK)
+        FUZZ_CHECK(fz_eq(c, clen, ref.p, ref.len),
+                   "DATA content that ended OK is not the consumed octets dot-unstuffed (and, "
+                   "under NORMALISE, normalised)");
+    if (status == SMTPE_DATA_TOO_BIG)
+        FUZZ_CHECK(max && clen == max,
+                   "DATA content TOO_BIG but not exactly max_message_size octets handed out");
+    if (pol == SMTPE_LINE_ENDING_REFUSE && status != SMTPE_DATA_TOO_BIG)
+        FUZZ_CHECK((status == SMTPE_DATA_BAD_LINE_ENDING) == (bare > 0),
+                   "REFUSE: BAD_LINE_ENDING disagrees with a bare CR/LF/NUL in the content");
+    if (pol == SMTPE_LINE_ENDING_REFUSE && status == SMTPE_DATA_BAD_LINE_ENDING)
+        FUZZ_CHECK(clen == fz_first_bare(u.p, u.len),
+                   "REFUSE: refused content is not everything before the first bare CR/LF/NUL "
+                   "(the offending octet itself must never be handed out)");
+    if (pol == SMTPE_LINE_ENDING_NORMALISE && status == SMTPE_DATA_OK)
+        FUZZ_CHECK(!!(flags & SMTPE_DATA_NORMALISED) == (bare > 0 || !at_line_start),
+                   "NORMALISE: NORMALISED disagrees with a bare CR/LF/NUL in the content");
+    if (status == SMTPE_DATA_OK && !(flags & SMTPE_DATA_NORMALISED) && at_line_start &&
+        fz_stuffed(raw, n - 3)) {
+        fz_buf st = {0};
+        fz_restuff(&st, c, clen);
+        fz_put(&st, ".\r\n", 3);
+        FUZZ_CHECK(fz_eq(st.p, st.len, raw, n),
+                   "dot-stuffing round trip: the content re-stuffed plus .CRLF is not the "
+                   "octets consumed up to the end of CRLF.CRLF");
+        fz_free(&st);
+    }
+    fz_free(&u);
+    fz_free(&ref);
 }
 
 #endif

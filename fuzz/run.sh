@@ -16,6 +16,10 @@
 #
 #   fuzz/out/TARGET fuzz/out/TARGET-crash-...
 #
+# and, once it is fixed, keep it as a regression input that ctest replays (the script prints the
+# commands for each finding): minimise it with -minimize_crash=1 and copy it to
+# fuzz/regress/TARGET/NAME, NAME saying what it reproduces.
+#
 # It needs nothing but clang with libFuzzer (tests/deps.sh installs it). SMTPE_FUZZ_ENGINE=DIR
 # builds the targets against another copy of engine/ (e.g. to try a fix) instead.
 set -euo pipefail
@@ -164,6 +168,16 @@ if [ $FAILED != 0 ]; then
             echo "--- $t"
             grep -E 'oracle violated|condition:|ERROR: (AddressSanitizer|libFuzzer|LeakSanitizer)|runtime error|SUMMARY' \
                 "$OUT/$t.log" | head -n 8 || true
+            art=$(sed -n 's/.*Test unit written to \(.*\)$/\1/p' "$OUT/$t.log" | tail -n1)
+            art=${art:-fuzz/out/$t-crash-...}
+            art=${art#"$ROOT"/}
+            cat <<EOF
+    After the fix, keep it as a regression input (ctest fuzz_regress_$t replays fuzz/regress/$t/
+    in every build; fuzz/README.md, "Findings"):
+      fuzz/out/$t -minimize_crash=1 -max_total_time=60 -exact_artifact_path=fuzz/out/$t-min $art
+      fuzz/out/$t fuzz/out/$t-min       # fails the same way (before the fix)
+      cp fuzz/out/$t-min fuzz/regress/$t/WHAT-IT-REPRODUCES
+EOF
         fi
     done
     exit 1

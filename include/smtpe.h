@@ -409,7 +409,7 @@ typedef struct smtpe_server smtpe_server;
 
 /* Octets of memory one session needs for cfg: a fixed size, never growing. It is
  *   S + (max_line_length - 2) + max(reply_buffer_size, R + 600) + L
- * where S is the session struct (about 1.4 KiB, rounded to max_align_t; it holds the LOGIN
+ * where S is the session struct (about 1.3 KiB, rounded to max_align_t; it holds the LOGIN
  * user name), 600 octets are kept for a final 421/221 line, R = max(2560, E) is the room one
  * reply may need, with E the EHLO reply's bound: 1100 (a first line of up to 400 octets and
  * the built-in extensions) + strlen(auth_mechanisms) + sum(6 + strlen(ehlo_extra[i])), and
