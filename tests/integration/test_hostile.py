@@ -567,6 +567,18 @@ class TestConnectionLimits(Hostile):
         for c in held:
             self.noop(c)
 
+    def test_proxied_refusals_do_not_flood_the_log(self):
+        # 30 connections through the balancer naming one client over its limit of 1: each is
+        # refused, with at most one reject line a second per loop
+        srv = self.start("--proxy-protocol", "--max-clients-per-ip", "1")
+        held = self.conn(srv, proxy=proxy_v1("192.0.2.7"))
+        for i in range(30):
+            self.expect_refused(self.conn(srv, greeting=False,
+                                          proxy=proxy_v1("192.0.2.7", 41000 + i)), 421, "4.7.0")
+        lines = [l for l in srv.log() if "reason=too-many-connections-from-address" in l]
+        self.assertIn(len(lines), (1, 2), srv.log_text())
+        self.noop(held)
+
     def test_non_balancer_refused_at_connect(self):
         # with --proxy-from, a peer that is not a balancer could only send a refused header:
         # it is refused at once (554 5.7.1) and holds no place in --max-clients meanwhile
