@@ -401,8 +401,9 @@ static unsigned interest(struct conn *c)
         if (pending)
             return readiness(c, 0, out);
         if (!c->eof && c->tls_state == CONN_TLS_NONE && !session_quit(&c->ss)) {
-            /* Lingering close: a session ended by us (421 after a timeout, the error limit, a
-             * refusal) may have a client still sending; closing with its octets unread makes
+            /* Lingering close: a session ended by us (421 after a timeout, the error limit, out
+             * of memory, a PROXY header over --max-clients-per-ip) may have a client still
+             * sending; closing with its octets unread makes
              * the kernel reset the connection, which can destroy the last reply before the
              * client reads it. So: FIN, then discard input until the client's EOF or
              * CONN_LINGER_READ_MS. After QUIT nothing may follow (RFC 5321 §4.1.1.10): close. */
