@@ -17,7 +17,7 @@
  * exact across loops, threads and processes: the (max_clients + 1)th concurrent session is
  * refused, never admitted by a race.
  *
- * Memory: one mapping of about 64 + 4 * nslots octets, plus, with a per-address limit, nslots
+ * Memory: one mapping of about 100 + 4 * nslots octets, plus, with a per-address limit, nslots
  * tables of 16 * census_table_size(max_clients) octets (the smallest power of two of at least
  * 2 * max_clients entries: 32 KiB per slot for the default of 1000 clients).
  */
