@@ -4,6 +4,7 @@
 #include "cli.h"
 
 #include <getopt.h>
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -202,6 +203,31 @@ static int parse_number(const char *s, uint64_t min, uint64_t max, uint64_t *out
     return 0;
 }
 
+/* A bounded number switch (--NAME): arg in [min, max] into *out, or the usage error
+ * "bad --NAME (MIN-MAX)". Returns CLI_RUN or CLI_USAGE. */
+static int set_number(const char *name, const char *arg, uint64_t min, uint64_t max,
+                      uint64_t *out)
+{
+    char msg[80];
+
+    if (parse_number(arg, min, max, out) == 0)
+        return CLI_RUN;
+    snprintf(msg, sizeof msg, "bad --%s (%" PRIu64 "-%" PRIu64 ")", name, min, max);
+    return usage_error(msg, arg);
+}
+
+/* The same into an unsigned (max fits). */
+static int set_count(const char *name, const char *arg, uint64_t min, uint64_t max,
+                     unsigned *out)
+{
+    uint64_t v;
+    int rc = set_number(name, arg, min, max, &v);
+
+    if (rc == CLI_RUN)
+        *out = (unsigned)v;
+    return rc;
+}
+
 /* A hostname for the greeting: 1..255 printable ASCII octets, no space. */
 static int valid_hostname(const char *s)
 {
@@ -273,25 +299,15 @@ static int apply(struct host_options *o, int opt, const char *arg)
             return usage_error("bad --max-message-size", arg);
         return CLI_RUN;
     case OPT_MAX_RECIPIENTS:
+        return set_count("max-recipients", arg, 1, 1000000, &o->max_recipients);
     case OPT_MAX_CLIENTS:
-        if (parse_number(arg, 1, 1000000, &v) < 0)
-            return usage_error(opt == OPT_MAX_CLIENTS ? "bad --max-clients (1-1000000)"
-                                                      : "bad --max-recipients (1-1000000)",
-                               arg);
-        *(opt == OPT_MAX_CLIENTS ? &o->max_clients : &o->max_recipients) = (unsigned)v;
-        return CLI_RUN;
+        return set_count("max-clients", arg, 1, 1000000, &o->max_clients);
     case OPT_MAX_CLIENTS_PER_IP:
+        return set_count("max-clients-per-ip", arg, 0, 1000000, &o->max_clients_per_ip);
     case OPT_MAX_ERRORS:
-        if (parse_number(arg, 0, 1000000, &v) < 0)
-            return usage_error(opt == OPT_MAX_ERRORS ? "bad --max-errors (0-1000000)"
-                                                     : "bad --max-clients-per-ip (0-1000000)",
-                               arg);
-        *(opt == OPT_MAX_ERRORS ? &o->max_errors : &o->max_clients_per_ip) = (unsigned)v;
-        return CLI_RUN;
+        return set_count("max-errors", arg, 0, 1000000, &o->max_errors);
     case OPT_GREET_DELAY:
-        if (parse_number(arg, 0, 600000, &o->greet_delay_ms) < 0)
-            return usage_error("bad --greet-delay-ms (0-600000)", arg);
-        return CLI_RUN;
+        return set_number("greet-delay-ms", arg, 0, 600000, &o->greet_delay_ms);
     case OPT_DOMAIN:
         if (*arg == '\0')
             return usage_error("--domain needs a domain", NULL);
@@ -299,17 +315,11 @@ static int apply(struct host_options *o, int opt, const char *arg)
         return CLI_RUN;
     case OPT_MODEL: o->model = arg; return CLI_RUN; /* main.c checks it against its table */
     case OPT_WORKERS:
+        return set_count("workers", arg, 1, 256, &o->workers);
     case OPT_JOB_THREADS:
-        if (parse_number(arg, 1, 256, &v) < 0)
-            return usage_error(opt == OPT_WORKERS ? "bad --workers (1-256)"
-                                                  : "bad --job-threads (1-256)",
-                               arg);
-        *(opt == OPT_WORKERS ? &o->workers : &o->job_threads) = (unsigned)v;
-        return CLI_RUN;
+        return set_count("job-threads", arg, 1, 256, &o->job_threads);
     case OPT_REPLY_DELAY:
-        if (parse_number(arg, 0, 600000, &o->reply_delay_ms) < 0)
-            return usage_error("bad --reply-delay-ms (0-600000)", arg);
-        return CLI_RUN;
+        return set_number("reply-delay-ms", arg, 0, 600000, &o->reply_delay_ms);
     case OPT_LINE_ENDING:
         if (parse_line_ending(arg, &o->line_ending) < 0)
             return usage_error("bad --line-ending (refuse, normalise or keep)", arg);
@@ -327,10 +337,7 @@ static int apply(struct host_options *o, int opt, const char *arg)
         }
         return CLI_RUN;
     case OPT_DRAIN:
-        if (parse_number(arg, 0, 86400, &v) < 0)
-            return usage_error("bad --drain-seconds (0-86400)", arg);
-        o->drain_seconds = (unsigned)v;
-        return CLI_RUN;
+        return set_count("drain-seconds", arg, 0, 86400, &o->drain_seconds);
     default:
         return apply_new(o, opt, arg);
     }
