@@ -147,6 +147,7 @@ static void *count_alloc(size_t size, void *ud)
 {
     hs_alloc *a = ud;
     a->attempts++;
+    a->requested = size;
     if (a->fail_from && a->attempts >= a->fail_from)
         return NULL;
     void *p = malloc(size ? size : 1);

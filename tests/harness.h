@@ -47,6 +47,7 @@ typedef struct hs_alloc {
     size_t attempts;   /* all alloc calls */
     size_t frees;      /* free calls */
     size_t bytes;      /* octets of the last successful allocation */
+    size_t requested;  /* octets asked for by the last call, successful or not */
     size_t fail_from;  /* the attempt number (1-based) from which alloc returns NULL; 0: never */
     void *last;        /* pointer of the last successful allocation */
     void *last_freed;

@@ -1248,39 +1248,6 @@ static void test_huge_body(void **state)
 
 /* ---- the allocator hook under failure (issue 5) ------------------------------------------- */
 
-/* An allocator that records every call: the size of each request, each pointer given and freed.
- * fail set: every request fails. Blocks are filled with 0xa5 so that reliance on zeroed memory
- * shows. */
-typedef struct rec_alloc {
-    int fail;
-    size_t calls, frees;
-    size_t sizes[4]; /* the first requests */
-    void *given, *freed;
-} rec_alloc;
-
-static void *rec_alloc_fn(size_t size, void *ud)
-{
-    rec_alloc *r = ud;
-    if (r->calls < sizeof r->sizes / sizeof r->sizes[0])
-        r->sizes[r->calls] = size;
-    r->calls++;
-    if (r->fail)
-        return NULL;
-    void *p = malloc(size);
-    if (p)
-        memset(p, 0xa5, size);
-    r->given = p;
-    return p;
-}
-
-static void rec_free_fn(void *p, void *ud)
-{
-    rec_alloc *r = ud;
-    r->frees++;
-    r->freed = p;
-    free(p);
-}
-
 /* The configs whose memory differs most: defaults, every extension with long EHLO lines and
  * SASL mechanisms, LMTP with many recipients, PROXY, the largest reply buffer and line. */
 enum { FA_DEFAULT, FA_ALL_EXTENSIONS, FA_LMTP, FA_PROXY, FA_BIG_BUFFERS, FA_CONFIGS };
@@ -1327,30 +1294,30 @@ static void test_allocator_failure(void **state)
         assert_true(need > 0);
 
         /* failing: SMTPE_ERR_NOMEM, *out NULL, one request of the session's size, no free */
-        rec_alloc r;
-        memset(&r, 0, sizeof r);
-        r.fail = 1;
-        smtpe_allocator hook = {rec_alloc_fn, rec_free_fn, &r};
+        hs_alloc r;
+        hs_alloc_init(&r);
+        r.fail_from = 1;
+        smtpe_allocator hook = hs_alloc_hook(&r);
         smtpe_server *s = (smtpe_server *)&r; /* anything but NULL: must be overwritten */
         assert_int_equal(smtpe_server_new(&s, &c, &hook, 0), SMTPE_ERR_NOMEM);
         assert_null(s);
-        assert_int_equal(r.calls, 1);
-        assert_int_equal(r.sizes[0], need);
+        assert_int_equal(r.attempts, 1);
+        assert_int_equal(r.requested, need);
         assert_int_equal(r.frees, 0);
         smtpe_server_free(s); /* NULL: nothing to free, the hook is never called */
         assert_int_equal(r.frees, 0);
         /* and again: a failure leaves nothing behind that a retry would trip on */
         assert_int_equal(smtpe_server_new(&s, &c, &hook, 0), SMTPE_ERR_NOMEM);
         assert_null(s);
-        assert_int_equal(r.calls, 2);
+        assert_int_equal(r.attempts, 2);
 
         /* succeeding: exactly one request of smtpe_server_memory_size(cfg) octets, freed once
          * by smtpe_server_free with the very pointer the hook gave */
-        memset(&r, 0, sizeof r);
+        hs_alloc_init(&r);
         assert_int_equal(smtpe_server_new(&s, &c, &hook, 0), 0);
         assert_non_null(s);
-        assert_int_equal(r.calls, 1);
-        assert_int_equal(r.sizes[0], need);
+        assert_int_equal(r.attempts, 1);
+        assert_int_equal(r.requested, need);
         assert_int_equal(r.frees, 0);
         size_t len = 0;
         (void)smtpe_server_send_buf(s, &len);
@@ -1359,24 +1326,25 @@ static void test_allocator_failure(void **state)
         else
             assert_true(len > 0);
         smtpe_server_free(s);
-        assert_int_equal(r.calls, 1);
+        assert_int_equal(r.attempts, 1);
         assert_int_equal(r.frees, 1);
-        assert_ptr_equal(r.freed, r.given);
+        assert_ptr_equal(r.last_freed, r.last);
     }
 
     /* a hook missing either function means malloc/free: the other one is never called */
     smtpe_server_config c;
     ts_config(&c);
-    rec_alloc r;
-    memset(&r, 0, sizeof r);
-    smtpe_allocator only_alloc = {rec_alloc_fn, NULL, &r};
-    smtpe_allocator only_free = {NULL, rec_free_fn, &r};
+    hs_alloc r;
+    hs_alloc_init(&r);
+    smtpe_allocator only_alloc = hs_alloc_hook(&r), only_free = hs_alloc_hook(&r);
+    only_alloc.free = NULL;
+    only_free.alloc = NULL;
     smtpe_server *s = NULL;
     assert_int_equal(smtpe_server_new(&s, &c, &only_alloc, 0), 0);
     smtpe_server_free(s);
     assert_int_equal(smtpe_server_new(&s, &c, &only_free, 0), 0);
     smtpe_server_free(s);
-    assert_int_equal(r.calls, 0);
+    assert_int_equal(r.attempts, 0);
     assert_int_equal(r.frees, 0);
 }
 
@@ -1499,9 +1467,9 @@ static void test_allocator_whole_session(void **state)
     for (int mode = HS_WHOLE; mode <= HS_RANDOM; mode++) {
         smtpe_server_config c;
         fa_config(&c, FA_LMTP);
-        rec_alloc r;
-        memset(&r, 0, sizeof r);
-        smtpe_allocator hook = {rec_alloc_fn, rec_free_fn, &r};
+        hs_alloc r;
+        hs_alloc_init(&r);
+        smtpe_allocator hook = hs_alloc_hook(&r);
         smtpe_server *s = NULL;
         assert_int_equal(smtpe_server_new(&s, &c, &hook, 0), 0);
         hs_splitter sp;
@@ -1528,7 +1496,7 @@ static void test_allocator_whole_session(void **state)
             ssize_t got = smtpe_server_recv(s, in.p + off, hs_splitter_next(&sp, in.len - off), 0);
             assert_true(got >= 0);
             off += (size_t)got;
-            assert_int_equal(r.calls, 1);
+            assert_int_equal(r.attempts, 1);
         }
         hs_buf codes = {0};
         reply_codes(out.p, out.len, &codes);
@@ -1538,12 +1506,12 @@ static void test_allocator_whole_session(void **state)
         hs_buf_free(&codes);
         hs_buf_free(&out);
         assert_true(smtpe_server_want(s) & SMTPE_WANT_CLOSE);
-        assert_int_equal(r.calls, 1);
-        assert_int_equal(r.sizes[0], smtpe_server_memory_size(&c));
+        assert_int_equal(r.attempts, 1);
+        assert_int_equal(r.requested, smtpe_server_memory_size(&c));
         smtpe_server_free(s);
-        assert_int_equal(r.calls, 1);
+        assert_int_equal(r.attempts, 1);
         assert_int_equal(r.frees, 1);
-        assert_ptr_equal(r.freed, r.given);
+        assert_ptr_equal(r.last_freed, r.last);
     }
     hs_buf_free(&in);
     hs_buf_free(&want);
