@@ -283,6 +283,21 @@ class Hostile(ts.Base):
         self.assertGreaterEqual(len(got), n, "%d of %d sessions ended:\n%s"
                                 % (len(got), n, srv.log_text()))
 
+    def deliver(self, srv, c, content):
+        """MAIL, RCPT, DATA and content (ending in CRLF, nothing to stuff) on c, then the end of
+        data; the message must be stored byte for byte. Returns the stored copy."""
+        c.txn()
+        c.data()
+        st = self.stored_by_qid(srv, self.finish_data(c, content))
+        self.assertEqual(st.content, content)
+        return st
+
+    def quit(self, c):
+        """QUIT: 221 2.0.0, then the server closes."""
+        c.send("QUIT\r\n")
+        self.expect_status(c, 221, "2.0.0")
+        c.expect_eof()
+
     def assert_serves(self, srv, n=1):
         """The server is up and serves n ordinary smtplib sessions, each message stored byte for
         byte (test_server's sendmail checks the stored copy). Returns the queue ids."""
@@ -468,21 +483,13 @@ class TestConnectionLimits(Hostile):
         for c in first:                          # the first N keep working
             self.noop(c)
         c = first[0]
-        c.txn()
-        c.data()
-        qid = self.finish_data(c, b"Subject: one of the first\r\n\r\nkept\r\n")
-        self.assertEqual(self.stored_by_qid(srv, qid).content,
-                         b"Subject: one of the first\r\n\r\nkept\r\n")
-        c.send("QUIT\r\n")
-        self.expect_status(c, 221, "2.0.0")
-        c.expect_eof()
+        self.deliver(srv, c, b"Subject: one of the first\r\n\r\nkept\r\n")
+        self.quit(c)
         d = self.served_after_retry(srv)         # one left: a new one is accepted
         d.ehlo()
         self.expect_refused(self.conn(srv, greeting=False), 421, "4.7.0")  # full again
         for c in first[1:] + [d]:
-            c.send("QUIT\r\n")
-            self.expect_status(c, 221, "2.0.0")
-            c.expect_eof()
+            self.quit(c)
         self.wait_disconnects(srv, n + 1)
         self.assert_serves(srv)
 
@@ -496,18 +503,12 @@ class TestConnectionLimits(Hostile):
         self.expect_refused(self.conn(srv, greeting=False), 421, "4.7.0")
         other = self.conn(srv, source="127.0.0.2")  # another address is still served
         other.ehlo()
-        other.txn()
-        other.data()
-        qid = self.finish_data(other, b"Subject: from 127.0.0.2\r\n\r\nserved\r\n")
-        self.assertEqual(self.stored_by_qid(srv, qid).content,
-                         b"Subject: from 127.0.0.2\r\n\r\nserved\r\n")
+        self.deliver(srv, other, b"Subject: from 127.0.0.2\r\n\r\nserved\r\n")
         more = [self.conn(srv, source="127.0.0.2") for _ in range(n - 1)]  # its own N
         self.expect_refused(self.conn(srv, greeting=False, source="127.0.0.2"), 421, "4.7.0")
         for c in local:
             self.noop(c)
-        local[0].send("QUIT\r\n")
-        self.expect_status(local[0], 221, "2.0.0")
-        local[0].expect_eof()
+        self.quit(local[0])
         d = self.served_after_retry(srv)   # a slot of 127.0.0.1 is free again
         d.ehlo()
         self.expect_refused(self.conn(srv, greeting=False), 421, "4.7.0")
@@ -534,25 +535,15 @@ class TestConnectionLimits(Hostile):
                             421, "4.7.0")
         last = self.conn(srv, proxy=proxy_v1("198.51.100.11", 41001))  # its second: served
         last.ehlo()
-        last.txn()
-        last.data()
-        qid = self.finish_data(last, b"Subject: proxied\r\n\r\nbehind a balancer\r\n")
-        st = self.stored_by_qid(srv, qid)
+        st = self.deliver(srv, last, b"Subject: proxied\r\n\r\nbehind a balancer\r\n")
         self.assertIn(b"198.51.100.11", st.received)
-        self.assertEqual(st.content, b"Subject: proxied\r\n\r\nbehind a balancer\r\n")
         for c in held:
             self.noop(c)
         # an ordinary session through the same "proxy" (smtplib cannot send the header)
         c = self.conn(srv, proxy=proxy_v1("203.0.113.7", 41002))
         c.ehlo()
-        c.txn()
-        c.data()
-        qid = self.finish_data(c, b"Subject: ordinary\r\n\r\nat the end\r\n")
-        self.assertEqual(self.stored_by_qid(srv, qid).content,
-                         b"Subject: ordinary\r\n\r\nat the end\r\n")
-        c.send("QUIT\r\n")
-        self.expect_status(c, 221, "2.0.0")
-        c.expect_eof()
+        self.deliver(srv, c, b"Subject: ordinary\r\n\r\nat the end\r\n")
+        self.quit(c)
 
     def test_proxy_local_and_unknown_count_under_the_balancer(self):
         # PROXY UNKNOWN and v2 LOCAL name no client: the balancer's own address is counted
@@ -780,11 +771,7 @@ class TestPregreet(Hostile):
         self.assertTrue(greeting_ok(r.text), r.lines)
         self.assertGreaterEqual(waited, self.DELAY_MS / 1000.0 - TOLERANCE)
         c.ehlo()
-        c.txn()
-        c.data()
-        qid = self.finish_data(c, b"Subject: patient\r\n\r\nwaited\r\n")
-        self.assertEqual(self.stored_by_qid(srv, qid).content,
-                         b"Subject: patient\r\n\r\nwaited\r\n")
+        self.deliver(srv, c, b"Subject: patient\r\n\r\nwaited\r\n")
         note("pregreet: greeting after %.3f s (--greet-delay-ms %d)" % (waited, self.DELAY_MS))
         self.assert_serves(srv)  # smtplib waits for the 220 too
 
@@ -1000,11 +987,7 @@ class TestFloods(Hostile):
         self.assertLess(m.growth, RSS_GROWTH_KIB, str(m))
         c.send("NOOP\r\n")  # in sync: the next command is answered as itself
         self.expect_status(c, 250, "2.0.0")
-        c.txn()
-        c.data()
-        qid = self.finish_data(c, b"Subject: after the long line\r\n\r\nok\r\n")
-        self.assertEqual(self.stored_by_qid(srv, qid).content,
-                         b"Subject: after the long line\r\n\r\nok\r\n")
+        self.deliver(srv, c, b"Subject: after the long line\r\n\r\nok\r\n")
         self.assert_serves(srv)
 
     def test_body_far_over_the_size_limit(self):
@@ -1048,10 +1031,7 @@ class TestFloods(Hostile):
         self.expect_status(c, 250, "2.0.0")
         c.send("NOOP\r\n")
         self.expect_status(c, 250, "2.0.0")
-        c.txn()
-        c.data()
-        qid = self.finish_data(c, b"Subject: small\r\n\r\nfits\r\n")
-        self.assertEqual(self.stored_by_qid(srv, qid).content, b"Subject: small\r\n\r\nfits\r\n")
+        self.deliver(srv, c, b"Subject: small\r\n\r\nfits\r\n")
         self.assert_serves(srv)
 
 
