@@ -64,6 +64,10 @@ import tempfile
 import threading
 import time
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_server as ts  # noqa: E402  (its Server's stderr reader; its tests are not loaded)
+
 HOST = "mx.example"
 CRLF = b"\r\n"
 SAFETY = 15.0      # seconds: the longest any one expected reply or event may take (x --slow)
@@ -485,7 +489,7 @@ CONFIGS = {
 # ------------------------------------------------------------------------------------------------
 # One run of the server
 # ------------------------------------------------------------------------------------------------
-class Run:
+class Run(ts.StderrLog):
     """smtpe-server-failalloc with allocation n failing (0: none), one scripted session, one
     clean session, SIGTERM. problems: what went wrong (empty: the run passed)."""
 
@@ -497,9 +501,6 @@ class Run:
         self.outcome = "?"
         self.allocations = None
         self.failed = None   # the count file's "failed=" line, parsed: function, size, frames
-        self.lines = []
-        self.cond = threading.Condition()
-        self.eof = False
         self.dir = tempfile.mkdtemp(prefix="smtpe-fa-")
         self.maildir = os.path.join(self.dir, "maildir")
         self.count_file = os.path.join(self.dir, "count")
@@ -521,21 +522,7 @@ class Run:
         self.cmd = cmd
         self.proc = subprocess.Popen(cmd, cwd=self.dir, env=env, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        self.reader = threading.Thread(target=self._read_stderr, daemon=True)
-        self.reader.start()
-
-    def _read_stderr(self):
-        for raw in self.proc.stderr:
-            with self.cond:
-                self.lines.append(raw.decode("utf-8", "replace").rstrip("\r\n"))
-                self.cond.notify_all()
-        with self.cond:
-            self.eof = True
-            self.cond.notify_all()
-
-    def log(self):
-        with self.cond:
-            return list(self.lines)
+        self._start_stderr_reader()
 
     def wait_listening(self):
         """The port, or None if the server exited first; Bad if neither happens in time."""

@@ -121,7 +121,33 @@ def run_server(args, timeout=None, **kw):
 # ------------------------------------------------------------------------------------------------
 # The server under test
 # ------------------------------------------------------------------------------------------------
-class Server:
+class StderrLog:
+    """The stderr of a child (self.proc, started with stderr=PIPE), read line by line by a
+    thread: self.lines under self.cond, which is notified at each line and at the end of the
+    stream (self.eof)."""
+
+    def _start_stderr_reader(self):
+        self.lines = []
+        self.cond = threading.Condition()
+        self.eof = False
+        self.reader = threading.Thread(target=self._read_stderr, daemon=True)
+        self.reader.start()
+
+    def _read_stderr(self):
+        for raw in self.proc.stderr:
+            with self.cond:
+                self.lines.append(raw.decode("utf-8", "replace").rstrip("\r\n"))
+                self.cond.notify_all()
+        with self.cond:
+            self.eof = True
+            self.cond.notify_all()
+
+    def log(self):
+        with self.cond:
+            return list(self.lines)
+
+
+class Server(StderrLog):
     """One smtpe-server process on 127.0.0.1:0 with its own temporary Maildir."""
 
     def __init__(self, *args, hostname=HOST, maildir=True):
@@ -160,32 +186,15 @@ class Server:
         self.wrapper_dir = os.path.join(self.dir, "wrapper")
         os.mkdir(self.wrapper_dir)
         self.cmd = wrapped(args, self.wrapper_dir)
-        self.lines = []
-        self.cond = threading.Condition()
-        self.eof = False
         self.stopped = False
         self.proc = subprocess.Popen(self.cmd, cwd=self.dir, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        self.reader = threading.Thread(target=self._read_stderr, daemon=True)
-        self.reader.start()
+        self._start_stderr_reader()
 
     def wrapper_report(self):
         """The wrapper's findings for a server that has exited, as text ("" when none)."""
         problems = wrapper_problems(self.proc.returncode, self.wrapper_dir, self.killed)
         return "".join("\n" + p for p in problems)
-
-    def _read_stderr(self):
-        for raw in self.proc.stderr:
-            with self.cond:
-                self.lines.append(raw.decode("utf-8", "replace").rstrip("\r\n"))
-                self.cond.notify_all()
-        with self.cond:
-            self.eof = True
-            self.cond.notify_all()
-
-    def log(self):
-        with self.cond:
-            return list(self.lines)
 
     def log_text(self, last=60):
         return "\n".join(self.log()[-last:])
