@@ -230,13 +230,10 @@ static int counted(const struct census *c, uint64_t key)
 
 int census_enter(struct census *c, unsigned slot, uint64_t key)
 {
-    unsigned total = 0;
     int rc = CENSUS_OK;
 
     lock(c);
-    for (unsigned s = 0; s < c->nslots; s++)
-        total += atomic_load_explicit(&c->active[s], memory_order_relaxed);
-    if (total >= c->max_clients)
+    if (census_total(c) >= c->max_clients) /* exact: every change is made under the lock */
         rc = CENSUS_FULL;
     else if (counted(c, key) && (address_count(c, key) >= c->max_per_address ||
                                  address_add(c, slot, key) < 0))

@@ -38,7 +38,6 @@
 #define CONN_LINGER_MS 10000u       /* closing or client gone: time left to send the last reply */
 #define CONN_SEND_TIMEOUT_MS 300000u /* replies queued and not read, when no command timeout */
 #define CONN_LINGER_READ_MS 2000u   /* lingering close: input discarded this long at most */
-#define CONN_REJECT_LOG_MS 1000u    /* refused connections: at most a line a second per thread */
 
 enum conn_tls { CONN_TLS_NONE, CONN_TLS_HANDSHAKE, CONN_TLS_UP };
 
@@ -800,28 +799,26 @@ void conn_reject(const struct host_ctx *ctx, int fd, const struct sockaddr *peer
 {
     smtpe_server *s;
     char where[NET_HOSTPORT_MAX], nomem[HOST_NAME_MAX_LEN + 64], line[HOST_NAME_MAX_LEN + 128];
+    unsigned code = why == CONN_REJECT_PROXY ? 554 : 421;
     const char *enh = why == CONN_REJECT_NOMEM   ? "4.3.2"
                       : why == CONN_REJECT_PROXY ? "5.7.1"
                                                  : "4.7.0",
-               *text;
-    static _Thread_local struct host_log_limit reject_log;
-    unsigned quiet;
+               *text = why == CENSUS_ADDRESS_FULL ? ctx->address_busy_text
+                       : why == CONN_REJECT_NOMEM ? nomem
+                       : why == CONN_REJECT_PROXY ? "Not a trusted proxy"
+                                                  : ctx->busy_text;
     const uint8_t *out = NULL;
     size_t len = 0;
     ssize_t w;
 
-    snprintf(nomem, sizeof nomem, "%s Out of memory, try again later", ctx->opt.hostname);
-    text = why == CENSUS_ADDRESS_FULL ? ctx->address_busy_text
-           : why == CONN_REJECT_NOMEM ? nomem
-           : why == CONN_REJECT_PROXY ? "Not a trusted proxy"
-                                      : ctx->busy_text;
+    if (why == CONN_REJECT_NOMEM)
+        snprintf(nomem, sizeof nomem, "%s Out of memory, try again later", ctx->opt.hostname);
     s = NULL;
     if (smtpe_server_new(&s, &ctx->cfg, NULL, now_ms) == 0 &&
-        smtpe_server_close(s, why == CONN_REJECT_PROXY ? 554 : 421, enh, text) == 0)
+        smtpe_server_close(s, code, enh, text) == 0)
         out = smtpe_server_send_buf(s, &len);
     if (out == NULL) { /* no memory for an engine: the line without it */
-        int n = snprintf(line, sizeof line, "%d %s %s\r\n", why == CONN_REJECT_PROXY ? 554 : 421,
-                         enh, text);
+        int n = snprintf(line, sizeof line, "%u %s %s\r\n", code, enh, text);
         out = (const uint8_t *)line;
         len = n > 0 && (size_t)n < sizeof line ? (size_t)n : 0;
     }
@@ -829,13 +826,10 @@ void conn_reject(const struct host_ctx *ctx, int fd, const struct sockaddr *peer
         w = send(fd, out, len, MSG_NOSIGNAL);
     while (w < 0 && errno == EINTR);
     smtpe_server_free(s);
-    if (host_log_limited(&reject_log, now_ms, CONN_REJECT_LOG_MS, &quiet))
-        host_log("reject peer=%s reason=%s (%u more rejects since the last report)",
-                 net_hostport(peer, where),
-                 why == CENSUS_ADDRESS_FULL ? "too-many-connections-from-address"
-                 : why == CONN_REJECT_NOMEM ? "out-of-memory"
-                 : why == CONN_REJECT_PROXY ? "not-a-trusted-proxy"
-                                            : "too-many-connections",
-                 quiet);
+    host_log_reject(now_ms, net_hostport(peer, where),
+                    why == CENSUS_ADDRESS_FULL ? "too-many-connections-from-address"
+                    : why == CONN_REJECT_NOMEM ? "out-of-memory"
+                    : why == CONN_REJECT_PROXY ? "not-a-trusted-proxy"
+                                               : "too-many-connections");
     (void)close(fd);
 }

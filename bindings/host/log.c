@@ -110,6 +110,16 @@ int host_log_limited(struct host_log_limit *r, uint64_t now_ms, uint64_t period_
     return 1;
 }
 
+void host_log_reject(uint64_t now_ms, const char *peer, const char *reason)
+{
+    static _Thread_local struct host_log_limit limit;
+    unsigned quiet;
+
+    if (host_log_limited(&limit, now_ms, HOST_LOG_REJECT_MS, &quiet))
+        host_log("reject peer=%s reason=%s (%u more rejects since the last report)", peer,
+                 reason, quiet);
+}
+
 char *host_log_token(char *dst, size_t cap, const void *src, size_t len)
 {
     static const char hex[] = "0123456789ABCDEF";

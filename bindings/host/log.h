@@ -37,6 +37,14 @@ struct host_log_limit {
 int host_log_limited(struct host_log_limit *r, uint64_t now_ms, uint64_t period_ms,
                      unsigned *quiet);
 
+#define HOST_LOG_REJECT_MS 1000u /* refused clients: at most one line a second per thread */
+
+/* A refused client (peer: its "ip:port", reason: a token) at now_ms: the line "reject
+ * peer=... reason=... (N more rejects since the last report)", at most one per
+ * HOST_LOG_REJECT_MS per thread, whatever the reason, so that a flood of refused connections
+ * cannot flood the log. */
+void host_log_reject(uint64_t now_ms, const char *peer, const char *reason);
+
 /* Copies src[0..len) into dst[0..cap) as a log token: printable ASCII other than space and '%' is
  * kept and every other octet becomes %XX. Always NUL-terminates (cap > 0); truncates to
  * fit. Returns dst. */

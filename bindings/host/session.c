@@ -801,12 +801,7 @@ static int on_proxy(struct session *ss, smtpe_server *s, const smtpe_event *ev)
          * check), UNKNOWN and unix sources count under the balancer's address */
         uint64_t key = inet ? census_key_raw(family, p->src_addr) : ss->socket_key;
         if (census_move(ss->seat.census, ss->seat.slot, ss->seat.key, key) != CENSUS_OK) {
-            /* as conn_reject's lines: at most one a second per thread */
-            static _Thread_local struct host_log_limit reject_log;
-            unsigned quiet;
-            if (host_log_limited(&reject_log, host_now_ms(), 1000, &quiet))
-                host_log("reject peer=%s reason=too-many-connections-from-address (%u more "
-                         "such rejects since the last report)", ss->peer, quiet);
+            host_log_reject(host_now_ms(), ss->peer, "too-many-connections-from-address");
             session_set_end(ss, "too-many-connections");
             return smtpe_server_reply(s, 421, "4.7.0", ss->ctx->address_busy_text);
         }
