@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing (tests/deps.sh), then builds and runs every test in
-# three configurations (all but the ctest label "long": tests/run-long.sh runs those), then the
-# fuzzers briefly:
-#   build/        gcc,   warnings as errors
+# three configurations (all but the ctest label "long": tests/run-long.sh runs those), checks
+# the packaging, runs the engine's own tests against the amalgamation, then the fuzzers briefly:
+#   build/        gcc,   warnings as errors; then tests/packaging/run.sh build (install,
+#                 pkg-config, find_package, add_subdirectory/FetchContent, the amalgamation
+#                 alone with gcc and clang, smtpe.h as C++)
+#   build-amalgamation/  gcc, the engine built from the amalgamation (SMTPE_TEST_AMALGAMATION):
+#                 the unit, transcript and fuzz-regression tests only
 #   build-clang/  clang, warnings as errors
 #   build-asan/   clang with AddressSanitizer + UndefinedBehaviorSanitizer
 #   fuzz/run.sh 20 (when fuzz/run.sh exists)
@@ -62,12 +66,13 @@ configure() {
     cmake -S "$ROOT" -B "$dir" -DCMAKE_C_COMPILER="$compiler" "$@"
 }
 
-# run_ctest DIR: ctest with the output kept for the summary's counts.
+# run_ctest DIR [CTEST ARGS...]: ctest with the output kept for the summary's counts.
 run_ctest() {
     local dir=$1 log rc
+    shift
     log=$(mktemp)
     set +e
-    ctest --test-dir "$dir" --output-on-failure --no-tests=error -LE long 2>&1 | tee "$log"
+    ctest --test-dir "$dir" --output-on-failure --no-tests=error -LE long "$@" 2>&1 | tee "$log"
     rc=${PIPESTATUS[0]}
     set -e
     local counts
@@ -87,6 +92,13 @@ run_step "dependencies (tests/deps.sh)" bash tests/deps.sh
 run_step "gcc: configure" configure build gcc -DSMTPE_WERROR=ON
 run_step "gcc: build" cmake --build build -j "$JOBS"
 run_step "gcc: ctest" run_ctest build
+run_step "packaging (tests/packaging/run.sh)" bash tests/packaging/run.sh build
+
+run_step "amalgamation: configure" configure build-amalgamation gcc -DSMTPE_WERROR=ON \
+    -DSMTPE_TEST_AMALGAMATION=ON -DSMTPE_BUILD_SERVER=OFF
+run_step "amalgamation: build" cmake --build build-amalgamation -j "$JOBS"
+run_step "amalgamation: ctest (unit, transcripts, fuzz regress)" run_ctest build-amalgamation \
+    -L '^(unit|transcripts|fuzz)$'
 
 run_step "clang: configure" configure build-clang clang -DSMTPE_WERROR=ON
 run_step "clang: build" cmake --build build-clang -j "$JOBS"
@@ -106,5 +118,5 @@ else
 fi
 
 summary
-echo "  all steps passed in $((SECONDS - START)) s (ctest runs: gcc, clang, ASan+UBSan)"
+echo "  all steps passed in $((SECONDS - START)) s (ctest runs: gcc, amalgamation, clang, ASan+UBSan)"
 echo "total: $TOTAL_PASSED passed, $TOTAL_FAILED failed"
