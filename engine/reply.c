@@ -4,11 +4,13 @@
 
 #include <string.h>
 
+/* Copies n octets to out[at..] (nothing with out NULL: the caller measures). */
 static size_t put(uint8_t *out, size_t cap, size_t at, const void *src, size_t n)
 {
     if (at > cap || n > cap - at)
         return SIZE_MAX;
-    memcpy(out + at, src, n);
+    if (out)
+        memcpy(out + at, src, n);
     return at + n;
 }
 

@@ -11,13 +11,14 @@
 /* Writes a reply of code (200..599) into out[0..cap): one line per '\n'-separated line of text
  * (text[0..text_len)), "code-" on all but the last, "code " on the last; each line's text
  * preceded by "enhanced " when enhanced is not NULL. Returns the octets written, or 0 if they do
- * not fit in cap or a line would exceed SMTPE__REPLY_LINE_MAX. */
+ * not fit in cap or a line would exceed SMTPE__REPLY_LINE_MAX. With out NULL nothing is written
+ * and the length is measured (cap SIZE_MAX: no limit). */
 size_t smtpe__reply_format(uint8_t *out, size_t cap, unsigned code, const char *enhanced,
                            const char *text, size_t text_len);
 
-/* Writes one reply line "code-" (or "code " when last) [enhanced " "] text CRLF at out[at..cap).
- * Returns the new end offset, or SIZE_MAX if it does not fit or the line would be longer than
- * SMTPE__REPLY_LINE_MAX. */
+/* Writes one reply line "code-" (or "code " when last) [enhanced " "] text CRLF at out[at..cap)
+ * (with out NULL: measures it). Returns the new end offset, or SIZE_MAX if it does not fit or
+ * the line would be longer than SMTPE__REPLY_LINE_MAX. */
 size_t smtpe__reply_line(uint8_t *out, size_t cap, size_t at, unsigned code, int last,
                         const char *enhanced, const char *text, size_t len);
 

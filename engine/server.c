@@ -7,9 +7,16 @@
  * RFC 8689 (REQUIRETLS), RFC 6710 (MT-PRIORITY), RFC 2852 (DELIVERBY), the PROXY protocol and
  * Postfix's XCLIENT / XFORWARD.
  *
- * One event slot: the engine stops consuming input as soon as it has an event for the host,
- * and while a verdict is pending, so every span it hands out stays valid as documented and the
- * host never re-enters the engine from a callback. */
+ * One event at a time: the engine stops consuming input as soon as it has an event for the
+ * host to take, and while a verdict is owed (with max_pending_verdicts above 1: while one is
+ * owed for anything but the MAIL and RCPTs of a pipelined batch), so every span it hands out
+ * stays valid as documented and the host never re-enters the engine from a callback.
+ *
+ * Replies leave in command order (RFC 2920 §3.1) through the queue of commands whose reply is
+ * owed (held[]): the oldest one's reply goes to the output at once; a later one's reply (a
+ * verdict given out of order, or the engine's own answer to a pipelined RCPT) waits in that
+ * command's line buffer until every earlier reply has gone out. The output is a ring whose
+ * octets never move once queued (stable output: the host may write them asynchronously). */
 #include "address.h"
 #include "command.h"
 #include "data.h"
@@ -37,7 +44,34 @@ enum { AUTH_NONE, AUTH_PLAIN_WAIT, AUTH_LOGIN_USER, AUTH_LOGIN_PASS, AUTH_OTHER,
 #define AUTH_USER_MAX 255  /* LOGIN user name kept between its two lines */
 #define AUTH_MECH_MAX 20   /* RFC 4422 §3.1 */
 #define LMTP_REPLY_ROOM 512 /* octets reserved per recipient for LMTP's per-recipient replies */
+#define PENDING_MAX 1024    /* max_pending_verdicts */
 enum { HELO_NONE, HELO_SMTP, HELO_ESMTP };
+
+/* A command whose reply is owed, in the queue of replies in command order. */
+typedef struct held {
+    uint64_t id;           /* its event's id; 0 for a reply the engine gave itself */
+    smtpe_event_type type; /* the event waiting for its verdict; SMTPE_EV_NONE: reply held */
+    unsigned code;         /* the held reply's code */
+    uint16_t len;          /* the held reply's octets, at the start of its line buffer */
+    uint16_t buf;          /* its line buffer */
+    uint8_t kind;          /* what the command was: KIND_* */
+    uint8_t smtputf8;      /* MAIL: its transaction's SMTPUTF8 and BODY=BINARYMIME */
+    uint8_t binarymime;
+} held;
+enum { KIND_OTHER, KIND_MAIL, KIND_RCPT };
+
+/* What a line buffer holds. */
+enum {
+    BUF_FREE,   /* nothing: the next command line may go there */
+    BUF_EVENT,  /* the line of an event whose verdict is owed (its spans point there) */
+    BUF_HELD,   /* a reply waiting for its turn */
+    BUF_VOID,   /* the line of a RCPT voided by its MAIL's refusal, whose verdict is owed */
+    BUF_PARKED  /* a command line read but not executed until the queue is empty */
+};
+typedef struct linebuf {
+    uint64_t id; /* BUF_EVENT, BUF_VOID: the event's id */
+    int use;     /* BUF_* */
+} linebuf;
 
 struct smtpe_server {
     const smtpe_server_config *cfg;
@@ -71,26 +105,47 @@ struct smtpe_server {
     unsigned lmtp_left;          /* LMTP: DATA_END verdicts still owed */
     smtpe__proxy proxy;
     int event_ready;             /* ev holds an event not yet taken */
-    smtpe_event_type verdict;    /* event awaiting the host's verdict, or SMTPE_EV_NONE */
+    int abandon;                 /* the next event ends an open transaction (ev.abandoned) */
     int timer_restart;           /* a verdict came: restart the timer at the next clock */
+    int parked;                  /* line holds a command to execute once the queue is empty */
+    uint64_t events;             /* ids given so far */
     smtpe_event ev;
-    smtpe__line line;
+    smtpe__line line;            /* the command line being read, in bufs[cur] */
     smtpe__data data;
-    uint8_t *out;                /* reply octets out[out_off..out_len) */
-    size_t out_cap, out_off, out_len;
+    /* Commands whose reply is owed, oldest first: held[(q_head + i) % npend], i < q_len. */
+    held *held;
+    unsigned npend, q_head, q_len;
+    unsigned owed;               /* verdicts owed for events taken (voided RCPTs' included) */
+    unsigned owed_void;          /* of those, for voided RCPTs (BUF_VOID buffers) */
+    /* Line buffers, npend of buf_size octets; the command line being read is in cur. */
+    linebuf *lbuf;
+    uint8_t *bufs;
+    size_t buf_size;
+    unsigned cur;
+    /* Output ring of out_cap octets: run A out[a_off..a_end) goes out first, then run B
+     * out[0..b_end) (b_end > 0 only once a reply did not fit after A). send_buf hands out A;
+     * when A is all acknowledged, B becomes A. Queued octets never move. */
+    uint8_t *out;
+    size_t out_cap, a_off, a_end, b_end;
+    int out_lent;                /* send_buf has handed out octets */
     size_t reserve;              /* room a command's reply may need */
     uint64_t last_activity;      /* ms */
     smtpe_server_stats stats;
+    smtpe_server_config cfg_copy; /* cfg points here */
 };
 
 /* ------------------------------------------------------------------------------------------
  * Configuration and memory
  * ---------------------------------------------------------------------------------------- */
 
-void smtpe_server_config_init(smtpe_server_config *cfg)
+/* The size of each layout of smtpe_server_config, by version (smtpe.h, "Versions and ABI").
+ * When a version adds fields, the entries before it become offsetof(smtpe_server_config,
+ * <its first new field>). */
+static const size_t config_sizes[] = {0, sizeof(smtpe_server_config)};
+#define CONFIG_VERSION_KNOWN(v) ((v) >= 1 && (size_t)(v) < sizeof config_sizes / sizeof *config_sizes)
+
+static void config_defaults(smtpe_server_config *cfg)
 {
-    if (!cfg)
-        return;
     memset(cfg, 0, sizeof *cfg);
     cfg->hostname = "localhost";
     cfg->greeting_text = "ESMTP smtpe";
@@ -103,6 +158,28 @@ void smtpe_server_config_init(smtpe_server_config *cfg)
     cfg->data_timeout_ms = 180000;
     cfg->line_ending = SMTPE_LINE_ENDING_REFUSE;
     cfg->reply_buffer_size = 4096;
+    cfg->max_pending_verdicts = 1;
+}
+
+void smtpe_server_config_init_versioned(int config_version, smtpe_server_config *cfg)
+{
+    smtpe_server_config d;
+    if (!cfg || !CONFIG_VERSION_KNOWN(config_version))
+        return;
+    config_defaults(&d);
+    memcpy(cfg, &d, config_sizes[config_version]);
+}
+
+/* The caller's config, laid out as config_version says, as the latest layout: the fields its
+ * version lacks take their defaults. Returns 0 if the version is unknown. */
+static int config_latest(int config_version, const smtpe_server_config *cfg,
+                         smtpe_server_config *out)
+{
+    if (!CONFIG_VERSION_KNOWN(config_version))
+        return 0;
+    config_defaults(out);
+    memcpy(out, cfg, config_sizes[config_version]);
+    return 1;
 }
 
 static int printable(const char *t, size_t max)
@@ -146,7 +223,8 @@ static int config_valid(const smtpe_server_config *c)
     if (c->max_line_length < 512 || c->max_line_length > 65536 || c->max_recipients == 0 ||
         c->reply_buffer_size < 2048 || c->reply_buffer_size > 1048576 ||
         (unsigned)c->line_ending > SMTPE_LINE_ENDING_KEEP || c->ehlo_extra_count > 64 ||
-        (c->ehlo_extra_count && !c->ehlo_extra))
+        (c->ehlo_extra_count && !c->ehlo_extra) || c->max_pending_verdicts == 0 ||
+        c->max_pending_verdicts > PENDING_MAX)
         return 0;
     for (size_t i = 0; i < c->ehlo_extra_count; i++)
         if (!c->ehlo_extra[i] || !c->ehlo_extra[i][0] || !printable(c->ehlo_extra[i], 120))
@@ -164,56 +242,89 @@ static size_t ehlo_size(const smtpe_server_config *c)
     return n;
 }
 
+/* Where the parts of a session go in its one allocation: the struct, the queue, the line
+ * buffers' bookkeeping, the line buffers, the output ring (smtpe_server_memory_size). */
 typedef struct layout {
-    size_t head, line_cap, out_cap, reserve, total;
+    size_t head, held, lbuf, line_cap, buf_size, bufs, out_cap, reserve, total;
 } layout;
 
 static int layout_of(const smtpe_server_config *c, layout *l)
 {
     const size_t align = sizeof(max_align_t);
+    size_t n;
     if (!c || !config_valid(c))
         return 0;
+    n = c->max_pending_verdicts;
     l->head = (sizeof(struct smtpe_server) + align - 1) / align * align;
+    l->held = l->head;
+    l->lbuf = l->held + n * sizeof(held);
+    l->bufs = l->lbuf + n * sizeof(linebuf);
     l->line_cap = c->max_line_length - 2;
+    /* a held verdict's reply waits in its command's line buffer: one reply line fits */
+    l->buf_size = n > 1 && l->line_cap < SMTPE__REPLY_LINE_MAX ? SMTPE__REPLY_LINE_MAX
+                                                              : l->line_cap;
     l->reserve = ehlo_size(c);
     if (l->reserve < SMTPE__REPLY_TOTAL_MAX + 512)
         l->reserve = SMTPE__REPLY_TOTAL_MAX + 512;
     l->out_cap = c->reply_buffer_size;
     if (l->out_cap < l->reserve + CLOSE_RESERVE)
         l->out_cap = l->reserve + CLOSE_RESERVE;
+    l->out_cap += (n - 1) * l->buf_size; /* the replies of the other held commands */
     if (c->lmtp) /* room for one reply per recipient after the content (RFC 2033 §4.2) */
         l->out_cap += (size_t)c->max_recipients * LMTP_REPLY_ROOM;
-    l->total = l->head + l->line_cap + l->out_cap;
+    l->total = l->bufs + n * l->buf_size + l->out_cap;
     return 1;
 }
 
-size_t smtpe_server_memory_size(const smtpe_server_config *cfg)
+size_t smtpe_server_memory_size_versioned(int config_version, const smtpe_server_config *cfg)
 {
+    smtpe_server_config c;
     layout l;
-    return layout_of(cfg, &l) ? l.total : 0;
+    if (!cfg || !config_latest(config_version, cfg, &c))
+        return 0;
+    return layout_of(&c, &l) ? l.total : 0;
 }
 
 /* ------------------------------------------------------------------------------------------
  * Output
  * ---------------------------------------------------------------------------------------- */
 
-/* Room for replies other than the final one. */
-static size_t out_space(const smtpe_server *s)
+/* Where n octets of output go, or SIZE_MAX if they do not fit now. Unless final, CLOSE_RESERVE
+ * octets must stay free where a later write can go, so that a final 421/221 always fits.
+ * Replies go after run A while they fit there (and room for the final one is left after it or
+ * before A), else at the start of the ring as run B, which then takes every later write. */
+static size_t out_where(const smtpe_server *s, size_t n, int final)
 {
-    size_t used = s->out_len - s->out_off + CLOSE_RESERVE;
-    return used >= s->out_cap ? 0 : s->out_cap - used;
+    size_t keep = final ? 0 : CLOSE_RESERVE, after = s->out_cap - s->a_end, before = s->a_off;
+    if (s->b_end > 0) /* run B is being written: up to A */
+        return n + keep <= s->a_off - s->b_end ? s->b_end : SIZE_MAX;
+    if (n <= after && (n + keep <= after || keep <= before))
+        return s->a_end;
+    if (n > 0 && n + keep <= before)
+        return 0;
+    return SIZE_MAX;
+}
+
+/* Takes n octets of output room (out_where). Returns where they go, or NULL if they do not fit:
+ * the caller then writes exactly n octets there. */
+static uint8_t *out_take(smtpe_server *s, size_t n, int final)
+{
+    size_t at = out_where(s, n, final);
+    if (at == SIZE_MAX)
+        return NULL;
+    if (s->b_end > 0 || (at == 0 && s->a_end > 0))
+        s->b_end = at + n;
+    else
+        s->a_end = at + n;
+    return s->out + at;
+}
+
+static size_t out_pending(const smtpe_server *s)
+{
+    return s->a_end - s->a_off + s->b_end;
 }
 
 static int input_room_ok(const smtpe_server *s);
-
-static void out_compact(smtpe_server *s)
-{
-    if (s->out_off == 0)
-        return;
-    memmove(s->out, s->out + s->out_off, s->out_len - s->out_off);
-    s->out_len -= s->out_off;
-    s->out_off = 0;
-}
 
 static const char *enhanced_for(const smtpe_server *s, unsigned code, const char *enhanced)
 {
@@ -227,16 +338,13 @@ static const char *enhanced_for(const smtpe_server *s, unsigned code, const char
 static int out_reply(smtpe_server *s, unsigned code, const char *enhanced, const char *text,
                      size_t len, int final)
 {
-    size_t cap, n;
-    out_compact(s);
-    cap = final ? s->out_cap : s->out_cap - CLOSE_RESERVE;
-    if (s->out_len >= cap)
+    uint8_t *p;
+    size_t n;
+    enhanced = enhanced_for(s, code, enhanced);
+    n = smtpe__reply_format(NULL, SIZE_MAX, code, enhanced, text, len); /* its length */
+    if (n == 0 || (p = out_take(s, n, final)) == NULL)
         return SMTPE_ERR_REPLY_TOO_LONG;
-    n = smtpe__reply_format(s->out + s->out_len, cap - s->out_len, code,
-                            enhanced_for(s, code, enhanced), text, len);
-    if (n == 0)
-        return SMTPE_ERR_REPLY_TOO_LONG;
-    s->out_len += n;
+    (void)smtpe__reply_format(p, n, code, enhanced, text, len);
     return 0;
 }
 
@@ -247,15 +355,80 @@ static size_t host_text(const smtpe_server *s, char *buf, const char *phrase)
     return n < 0 ? 0 : (size_t)n >= HOST_TEXT_MAX ? HOST_TEXT_MAX - 1 : (size_t)n;
 }
 
+/* ------------------------------------------------------------------------------------------
+ * The queue of owed replies (RFC 2920 §3.1) and the line buffers
+ * ---------------------------------------------------------------------------------------- */
+
+static held *q_at(const smtpe_server *s, unsigned i)
+{
+    return &s->held[(s->q_head + i) % s->npend];
+}
+
+static held *q_push(smtpe_server *s, unsigned kind)
+{
+    held *h = q_at(s, s->q_len);
+    memset(h, 0, sizeof *h);
+    h->buf = (uint16_t)s->cur;
+    h->kind = (uint8_t)kind;
+    s->q_len++;
+    return h;
+}
+
+static void q_pop(smtpe_server *s)
+{
+    s->q_head = (s->q_head + 1) % s->npend;
+    s->q_len--;
+}
+
+static uint8_t *buf_at(const smtpe_server *s, unsigned i)
+{
+    return s->bufs + (size_t)i * s->buf_size;
+}
+
+static void buf_set(smtpe_server *s, unsigned i, int use, uint64_t id)
+{
+    s->lbuf[i].use = use;
+    s->lbuf[i].id = id;
+}
+
+/* The event's kind, for the queue. */
+static unsigned kind_of(smtpe_event_type type)
+{
+    return type == SMTPE_EV_MAIL ? KIND_MAIL : type == SMTPE_EV_RCPT ? KIND_RCPT : KIND_OTHER;
+}
+
+/* Makes ev the event to take; one that needs a verdict joins the queue, its spans in the
+ * current line buffer. */
 static void raise_event(smtpe_server *s, smtpe_event_type type)
 {
     s->ev.type = type;
     s->event_ready = 1;
-    if (smtpe_event_needs_reply(&s->ev))
-        s->verdict = type;
+    if (type == SMTPE_EV_DATA_CHUNK)
+        return; /* the hot path: no id, no verdict */
+    s->ev.id = ++s->events;
+    s->ev.abandoned = s->abandon;
+    s->abandon = 0;
+    if (smtpe_event_needs_reply(&s->ev)) {
+        held *q = q_push(s, kind_of(type));
+        q->id = s->ev.id;
+        q->type = type;
+        buf_set(s, s->cur, BUF_EVENT, s->ev.id);
+    }
 }
 
 static void auth_end(smtpe_server *s);
+
+/* Forgets every verdict still owed (the session is closing): calls for them get
+ * SMTPE_ERR_STATE, and an event not taken yet is dropped. */
+static void drop_owed(smtpe_server *s)
+{
+    for (unsigned i = 0; i < s->npend; i++)
+        buf_set(s, i, BUF_FREE, 0);
+    s->q_len = 0;
+    s->owed = s->owed_void = 0;
+    s->parked = 0;
+    s->event_ready = 0;
+}
 
 /* Queues the final reply "code enhanced <hostname> phrase" and starts closing. */
 static void close_with(smtpe_server *s, unsigned code, const char *enhanced, const char *phrase)
@@ -263,6 +436,7 @@ static void close_with(smtpe_server *s, unsigned code, const char *enhanced, con
     char buf[HOST_TEXT_MAX];
     (void)out_reply(s, code, enhanced, buf, host_text(s, buf, phrase), 1);
     s->closing = 1;
+    drop_owed(s);
     if (s->auth != AUTH_NONE)
         auth_end(s); /* a closing session keeps no credentials */
 }
@@ -272,26 +446,105 @@ static int is_error_code(unsigned code)
     return (code >= 500 && code <= 504) || code == 555 || code == 535;
 }
 
-/* Queues a reply, counting protocol errors (RFC 5321 §4.2.2 500-504, RFC 1869 555) against
- * max_errors; past the limit the reply becomes 421 4.7.0 and the session closes. */
-static int reply(smtpe_server *s, unsigned code, const char *enhanced, const char *text)
+/* Ends the transaction if one is open (MAIL accepted). Returns whether one was. */
+static int end_transaction(smtpe_server *s);
+
+/* Counts a reply of code against max_errors (RFC 5321 §4.2.2 500-504, RFC 1869 555, RFC 4954
+ * 535) as it takes its place in the output: past the limit the session closes with 421 4.7.0
+ * instead. Returns 1 if it closed. */
+static int error_limit(smtpe_server *s, unsigned code)
 {
-    if (is_error_code(code) && ++s->stats.errors > s->cfg->max_errors && s->cfg->max_errors) {
-        close_with(s, 421, "4.7.0", "Too many errors");
-        raise_event(s, SMTPE_EV_ERROR_LIMIT);
+    if (!is_error_code(code) || ++s->stats.errors <= s->cfg->max_errors || !s->cfg->max_errors)
         return 0;
-    }
+    s->abandon = end_transaction(s);
+    close_with(s, 421, "4.7.0", "Too many errors");
+    raise_event(s, SMTPE_EV_ERROR_LIMIT);
+    return 1;
+}
+
+/* Queues a reply in the output now, counting errors. */
+static int emit(smtpe_server *s, unsigned code, const char *enhanced, const char *text)
+{
+    if (error_limit(s, code))
+        return 0;
     return out_reply(s, code, enhanced, text, strlen(text), 0);
 }
 
-/* Whether there is reply room to consume more input: one reply's worth, and under LMTP, while
- * content streams, one line per recipient for the replies its end will take (RFC 2033 §4.2). */
+/* The engine's own reply to a pipelined RCPT read while earlier replies are owed: it waits in
+ * the line's buffer (whose octets are no longer needed) for its turn. */
+static int hold_reply(smtpe_server *s, unsigned code, const char *enhanced, const char *text)
+{
+    size_t n = smtpe__reply_format(buf_at(s, s->cur), s->buf_size, code,
+                                   enhanced_for(s, code, enhanced), text, strlen(text));
+    held *q;
+    if (n == 0)
+        return SMTPE_ERR_REPLY_TOO_LONG;
+    q = q_push(s, KIND_RCPT);
+    q->code = code;
+    q->len = (uint16_t)n;
+    buf_set(s, s->cur, BUF_HELD, 0);
+    return 0;
+}
+
+/* The engine's reply to the command line being handled: out now, or in its turn. */
+static int reply(smtpe_server *s, unsigned code, const char *enhanced, const char *text)
+{
+    return s->q_len > 0 ? hold_reply(s, code, enhanced, text) : emit(s, code, enhanced, text);
+}
+
+/* Whether there is reply room to consume more input: one reply's worth and one held command's
+ * for each reply still owed, and under LMTP, while content streams, one line per recipient for
+ * the replies its end will take (RFC 2033 §4.2). */
 static int input_room_ok(const smtpe_server *s)
 {
-    size_t need = s->reserve;
+    size_t need = s->reserve + (size_t)s->q_len * s->buf_size;
     if (s->cfg->lmtp && (s->mode == MODE_DATA || s->mode == MODE_BDAT))
         need += (size_t)s->rcpts * LMTP_REPLY_ROOM;
-    return out_space(s) >= need;
+    return out_where(s, need, 0) != SIZE_MAX;
+}
+
+/* Whether the owed replies are those of a pipelined transaction's MAIL and RCPTs, behind which
+ * further command lines may be read (concurrent verdicts). */
+static int batch_open(const smtpe_server *s)
+{
+    if (s->npend == 1 || s->auth != AUTH_NONE || s->mode != MODE_COMMAND)
+        return 0;
+    for (unsigned i = 0; i < s->q_len; i++)
+        if (q_at(s, i)->kind == KIND_OTHER)
+            return 0;
+    return 1;
+}
+
+/* Whether a line buffer is there for the next command line. */
+static int line_buffer_ready(const smtpe_server *s)
+{
+    if (!(s->line.flags & SMTPE__LINE_DONE) || s->lbuf[s->cur].use == BUF_FREE)
+        return 1;
+    for (unsigned i = 0; i < s->npend; i++)
+        if (s->lbuf[i].use == BUF_FREE)
+            return 1;
+    return 0;
+}
+
+/* Starts the next command line in a free line buffer (line_buffer_ready said there is one). */
+static void line_start(smtpe_server *s)
+{
+    unsigned i = s->cur;
+    while (s->lbuf[i].use != BUF_FREE)
+        i = (i + 1) % s->npend;
+    s->cur = i;
+    s->line.buf = buf_at(s, i);
+    smtpe__line_reset(&s->line);
+}
+
+/* Whether smtpe_server_recv would consume input now (TLS_WAIT aside). */
+static int reading(const smtpe_server *s)
+{
+    if (s->closing || s->event_ready || s->parked || !input_room_ok(s))
+        return 0;
+    if (s->q_len > 0 && !batch_open(s))
+        return 0;
+    return s->mode != MODE_COMMAND || line_buffer_ready(s);
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -323,11 +576,20 @@ static int greeting(smtpe_server *s, const char *text)
 static void session_setup(smtpe_server *s, const smtpe_server_config *cfg, const layout *l,
                           uint64_t now_ms)
 {
+    uint8_t *base = (uint8_t *)s;
     memset(s, 0, sizeof *s);
-    s->cfg = cfg;
-    s->line.buf = (uint8_t *)s + l->head;
+    s->cfg_copy = *cfg;
+    s->cfg = &s->cfg_copy;
+    s->npend = cfg->max_pending_verdicts;
+    s->held = (held *)(void *)(base + l->held);
+    s->lbuf = (linebuf *)(void *)(base + l->lbuf);
+    s->bufs = base + l->bufs;
+    s->buf_size = l->buf_size;
+    for (unsigned i = 0; i < s->npend; i++)
+        buf_set(s, i, BUF_FREE, 0);
+    s->line.buf = s->bufs;
     s->line.cap = l->line_cap;
-    s->out = s->line.buf + l->line_cap;
+    s->out = s->bufs + (size_t)s->npend * l->buf_size;
     s->out_cap = l->out_cap;
     s->reserve = l->reserve;
     s->last_activity = now_ms;
@@ -339,40 +601,45 @@ static void session_setup(smtpe_server *s, const smtpe_server_config *cfg, const
     (void)greeting(s, cfg->greeting_text);
 }
 
-int smtpe_server_init(smtpe_server **out, void *mem, size_t len, const smtpe_server_config *cfg,
-                      uint64_t now_ms)
+int smtpe_server_init_versioned(smtpe_server **out, void *mem, size_t len, int config_version,
+                                const smtpe_server_config *cfg, uint64_t now_ms)
 {
+    smtpe_server_config c;
     layout l;
-    if (!out || !mem || !cfg)
+    if (!out || !mem || !cfg || !config_latest(config_version, cfg, &c))
         return SMTPE_ERR_INVALID_ARGUMENT;
-    if (!layout_of(cfg, &l))
+    if (!layout_of(&c, &l))
         return SMTPE_ERR_CONFIG;
     if ((uintptr_t)mem % _Alignof(max_align_t) != 0)
         return SMTPE_ERR_INVALID_ARGUMENT;
     if (len < l.total)
         return SMTPE_ERR_BUFFER_TOO_SMALL;
-    session_setup(mem, cfg, &l, now_ms);
+    session_setup(mem, &c, &l, now_ms);
     *out = mem;
     return 0;
 }
 
-int smtpe_server_new(smtpe_server **out, const smtpe_server_config *cfg,
-                     const smtpe_allocator *alloc, uint64_t now_ms)
+int smtpe_server_new_versioned(smtpe_server **out, int config_version,
+                               const smtpe_server_config *cfg, const smtpe_allocator *alloc,
+                               uint64_t now_ms)
 {
+    smtpe_server_config c;
     layout l;
     smtpe_allocator a = {default_alloc, default_free, NULL};
     smtpe_server *s;
     if (!out || !cfg)
         return SMTPE_ERR_INVALID_ARGUMENT;
     *out = NULL;
+    if (!config_latest(config_version, cfg, &c))
+        return SMTPE_ERR_INVALID_ARGUMENT;
     if (alloc && alloc->alloc && alloc->free)
         a = *alloc;
-    if (!layout_of(cfg, &l))
+    if (!layout_of(&c, &l))
         return SMTPE_ERR_CONFIG;
     s = a.alloc(l.total, a.ud);
     if (!s)
         return SMTPE_ERR_NOMEM;
-    session_setup(s, cfg, &l, now_ms);
+    session_setup(s, &c, &l, now_ms);
     s->alloc = a;
     s->owned = 1;
     *out = s;
@@ -392,6 +659,13 @@ static void reset_transaction(smtpe_server *s)
     s->binarymime = 0;
     s->bdat_started = 0;
     s->rcpts = 0;
+}
+
+static int end_transaction(smtpe_server *s)
+{
+    int open = s->in_transaction;
+    reset_transaction(s);
+    return open;
 }
 
 /* Forgets the SASL exchange and wipes the credentials it decoded (RFC 4954 §4 responses live
@@ -444,7 +718,7 @@ static void cmd_helo(smtpe_server *s, smtpe_span arg, smtpe__verb v)
                                     : "Syntax: HELO hostname");
         return;
     }
-    reset_transaction(s);
+    s->abandon = end_transaction(s);
     s->ev.helo.domain = arg;
     s->ev.helo.esmtp = esmtp;
     s->ev.helo.lmtp = v == SMTPE__VERB_LHLO;
@@ -510,12 +784,19 @@ static int has_8bit(smtpe_span a)
     return 0;
 }
 
+/* The writable octets of the command line being handled that p, a span's pointer into it,
+ * names (spans are const for the host; the engine decodes in place). */
+static uint8_t *in_line(smtpe_server *s, const uint8_t *p)
+{
+    return s->line.buf + (p - s->line.buf);
+}
+
 /* Decodes the xtext value of a parameter in place (RFC 3461 §4), updating the span. Returns 0,
  * or -1 if it is malformed or decodes to a control octet (CR, LF, NUL: Exim CVE-2020-28021). */
-static int xtext_value(smtpe_span *v)
+static int xtext_value(smtpe_server *s, smtpe_span *v)
 {
     size_t n;
-    if (smtpe__xtext_decode((uint8_t *)v->ptr, v->len, &n) != SMTPE__XTEXT_OK)
+    if (smtpe__xtext_decode(in_line(s, v->ptr), v->len, &n) != SMTPE__XTEXT_OK)
         return -1;
     v->len = n;
     return 0;
@@ -617,7 +898,7 @@ static int mail_param(smtpe_server *s, unsigned ext, smtpe_param *pm)
             s->ev.mail.auth = (smtpe_span){v.ptr, 0}; /* params[] keeps "<>" */
             return 1 << 3;
         }
-        if (v.len == 0 || xtext_value(&v) != 0)
+        if (v.len == 0 || xtext_value(s, &v) != 0)
             return -1;
         s->ev.mail.auth = pm->value = v;
         return 1 << 3;
@@ -632,7 +913,7 @@ static int mail_param(smtpe_server *s, unsigned ext, smtpe_param *pm)
         return 1 << 4;
     }
     if (span_is(k, "ENVID") && (ext & SMTPE_EXT_DSN)) {
-        if (v.len == 0 || xtext_value(&v) != 0 || v.len > 100 || has_8bit(v))
+        if (v.len == 0 || xtext_value(s, &v) != 0 || v.len > 100 || has_8bit(v))
             return -1; /* RFC 3461 §4.4: at most 100 printable US-ASCII characters */
         s->ev.mail.has_envid = 1;
         s->ev.mail.envid = pm->value = v;
@@ -740,7 +1021,7 @@ static int parse_orcpt(smtpe_server *s, smtpe_param *pm)
             return -1;
     s->ev.rcpt.orcpt_type = (smtpe_span){v.ptr, semi};
     v.ptr += semi + 1, v.len -= semi + 1;
-    if (v.len == 0 || xtext_value(&v) != 0)
+    if (v.len == 0 || xtext_value(s, &v) != 0)
         return -1;
     s->ev.rcpt.orcpt = v;
     s->ev.rcpt.has_orcpt = 1;
@@ -748,6 +1029,33 @@ static int parse_orcpt(smtpe_server *s, smtpe_param *pm)
     return 0;
 }
 
+/* The MAIL still waiting for its verdict that the RCPTs being read belong to, or NULL. Such a
+ * MAIL is the oldest owed reply (a MAIL is only executed when none is owed). */
+static const held *mail_waiting(const smtpe_server *s)
+{
+    return s->q_len > 0 && q_at(s, 0)->kind == KIND_MAIL ? q_at(s, 0) : NULL;
+}
+
+/* Whether the transaction the RCPT being read belongs to has SMTPUTF8 (RFC 6531 §3.3). */
+static int txn_smtputf8(const smtpe_server *s)
+{
+    const held *mail = mail_waiting(s);
+    return mail ? mail->smtputf8 : s->smtputf8;
+}
+
+/* Recipients accepted, and those still waiting for their verdicts counted as accepted. */
+static unsigned rcpts_counted(const smtpe_server *s)
+{
+    unsigned n = s->rcpts;
+    for (unsigned i = 0; i < s->q_len; i++) {
+        const held *q = q_at(s, i);
+        if (q->kind == KIND_RCPT && (q->type != SMTPE_EV_NONE || q->code / 100 == 2))
+            n++;
+    }
+    return n;
+}
+
+/* §4.1.1.3: RCPT TO:<forward-path> [SP rcpt-parameters] */
 /* Interprets RCPT parameters (RFC 3461 NOTIFY, ORCPT). Returns 0, or -1 after replying. */
 static int rcpt_params(smtpe_server *s)
 {
@@ -762,7 +1070,7 @@ static int rcpt_params(smtpe_server *s)
         if (param_verdict(s, bit, &seen) != 0)
             return -1;
     }
-    return check_8bit_values(s, s->ev.rcpt.params, s->ev.rcpt.param_count, s->smtputf8);
+    return check_8bit_values(s, s->ev.rcpt.params, s->ev.rcpt.param_count, txn_smtputf8(s));
 }
 
 /* §4.1.1.2: MAIL FROM:<reverse-path> [SP mail-parameters] */
@@ -795,12 +1103,15 @@ static void cmd_mail(smtpe_server *s, smtpe_span arg)
         return;
     }
     raise_event(s, SMTPE_EV_MAIL);
+    /* what the transaction will be, should the verdict start it (the event may be long gone) */
+    q_at(s, s->q_len - 1)->smtputf8 = (uint8_t)s->ev.mail.smtputf8;
+    q_at(s, s->q_len - 1)->binarymime = s->ev.mail.body == SMTPE_BODY_BINARYMIME;
 }
 
-/* §4.1.1.3: RCPT TO:<forward-path> [SP rcpt-parameters] */
 static void cmd_rcpt(smtpe_server *s, smtpe_span arg)
 {
-    if (!s->in_transaction) {
+    const held *mail = mail_waiting(s);
+    if (!s->in_transaction && !mail) {
         reply(s, 503, "5.5.1", "Need MAIL command");
         return;
     }
@@ -810,11 +1121,11 @@ static void cmd_rcpt(smtpe_server *s, smtpe_span arg)
         return;
     if (rcpt_params(s) != 0)
         return;
-    if ((s->ev.rcpt.forward_path.flags & SMTPE_PATH_UTF8) && !s->smtputf8) {
+    if ((s->ev.rcpt.forward_path.flags & SMTPE_PATH_UTF8) && !txn_smtputf8(s)) {
         reply(s, 553, "5.6.7", "Non-ASCII address requires SMTPUTF8");
         return;
     }
-    if (s->rcpts >= s->cfg->max_recipients) {
+    if (rcpts_counted(s) >= s->cfg->max_recipients) {
         reply(s, 452, "4.5.3", "Too many recipients"); /* RFC 5321 §4.5.3.1.10 */
         return;
     }
@@ -872,7 +1183,7 @@ static int auth_decode(smtpe_server *s, smtpe_span in, smtpe_span *out)
         *out = (smtpe_span){in.ptr, 0};
         return 0;
     }
-    n = smtpe__base64_decode(in.ptr, in.len, (uint8_t *)in.ptr);
+    n = smtpe__base64_decode(in.ptr, in.len, in_line(s, in.ptr));
     if (n == SMTPE__BASE64_BAD) {
         reply(s, 501, "5.5.2", "Invalid base64 data");
         auth_end(s);
@@ -1142,7 +1453,7 @@ static void cmd_xclient(smtpe_server *s, smtpe_span arg, int xforward)
         size_t k = 0;
         while (k < nnames && !span_is(a->keyword, names[k]))
             k++;
-        if (k == nnames || a->value.len == 0 || xtext_value(&a->value) != 0) {
+        if (k == nnames || a->value.len == 0 || xtext_value(s, &a->value) != 0) {
             reply(s, 501, "5.5.4", bad);
             return;
         }
@@ -1173,12 +1484,13 @@ static void cmd_plain(smtpe_server *s, smtpe__verb v, smtpe_span arg)
     if (v == SMTPE__VERB_DATA) {
         cmd_data(s);
     } else if (v == SMTPE__VERB_RSET) { /* §4.1.1.5 */
-        reset_transaction(s);
+        s->abandon = end_transaction(s);
         reply(s, 250, "2.0.0", "Ok");
         raise_event(s, SMTPE_EV_RSET);
     } else { /* §4.1.1.10 QUIT */
         (void)out_reply(s, 221, "2.0.0", "Bye", 3, 1);
         s->closing = 1;
+        s->abandon = end_transaction(s);
         raise_event(s, SMTPE_EV_QUIT);
     }
 }
@@ -1202,12 +1514,12 @@ static void handle_line(smtpe_server *s)
     }
     v = smtpe__command_split(s->line.buf, s->line.len, &verb, &arg);
     switch (v) {
-    case SMTPE__VERB_LHLO:
-        if (!s->cfg->lmtp) {
+    case SMTPE__VERB_LHLO: /* a verb of its own outside LMTP */
+        if (s->cfg->lmtp)
+            cmd_helo(s, arg, v);
+        else
             cmd_with_argument(s, SMTPE_EV_UNKNOWN, verb, arg, NULL);
-            break;
-        }
-        /* fall through */
+        break;
     case SMTPE__VERB_HELO:
     case SMTPE__VERB_EHLO:
         cmd_helo(s, arg, v);
@@ -1374,7 +1686,41 @@ static size_t recv_proxy(smtpe_server *s, const uint8_t *buf, size_t len)
     return used;
 }
 
-ssize_t smtpe_server_recv(smtpe_server *s, const uint8_t *buf, size_t len, uint64_t now_ms)
+/* Executes the command line that is in s->line. */
+static void run_line(smtpe_server *s)
+{
+    handle_line(s);
+    if (s->mode == MODE_BDAT_SKIP && s->bdat_left == 0) /* BDAT 0 refused */
+        recv_bdat(s, NULL, 0);
+}
+
+/* A whole command line has been read. With replies owed (a pipelined MAIL and its RCPTs
+ * waiting for verdicts) a well-formed RCPT is executed at once; any other line waits,
+ * unexecuted, until the queue is empty (resume), and nothing more is read until then. */
+static void dispatch_line(smtpe_server *s)
+{
+    smtpe_span verb, arg;
+    if (s->q_len > 0 && ((s->line.flags & (SMTPE__LINE_TOO_LONG | SMTPE__LINE_BARE)) ||
+                         smtpe__command_split(s->line.buf, s->line.len, &verb, &arg) !=
+                             SMTPE__VERB_RCPT)) {
+        s->parked = 1;
+        buf_set(s, s->cur, BUF_PARKED, 0);
+        return;
+    }
+    run_line(s);
+}
+
+/* Executes the line dispatch_line parked once no reply is owed and no event waits. */
+static void resume(smtpe_server *s)
+{
+    if (!s->parked || s->q_len > 0 || s->event_ready || s->closing)
+        return;
+    s->parked = 0;
+    buf_set(s, s->cur, BUF_FREE, 0);
+    run_line(s);
+}
+
+smtpe_ssize smtpe_server_recv(smtpe_server *s, const uint8_t *buf, size_t len, uint64_t now_ms)
 {
     size_t used = 0;
     int progress = 0; /* a command line completed or content arrived */
@@ -1383,10 +1729,9 @@ ssize_t smtpe_server_recv(smtpe_server *s, const uint8_t *buf, size_t len, uint6
     if (s->mode == MODE_TLS_WAIT && !s->closing) { /* RFC 3207 §4.2: never executed */
         s->stats.discarded_octets += len;
         s->stats.octets_in += len;
-        return (ssize_t)len;
+        return (smtpe_ssize)len;
     }
-    while (used < len && !s->closing && !s->event_ready && s->verdict == SMTPE_EV_NONE &&
-           input_room_ok(s)) {
+    while (used < len && reading(s)) {
         if (s->mode == MODE_DATA) {
             used += recv_data(s, buf + used, len - used);
             progress = 1;
@@ -1402,13 +1747,11 @@ ssize_t smtpe_server_recv(smtpe_server *s, const uint8_t *buf, size_t len, uint6
             continue;
         }
         if (s->line.flags & SMTPE__LINE_DONE)
-            smtpe__line_reset(&s->line);
+            line_start(s);
         used += smtpe__line_feed(&s->line, buf + used, len - used, s->cfg->line_ending);
         if (s->line.flags & SMTPE__LINE_DONE) {
-            handle_line(s);
+            dispatch_line(s);
             progress = 1;
-            if (s->mode == MODE_BDAT_SKIP && s->bdat_left == 0) /* BDAT 0 refused */
-                recv_bdat(s, buf, 0);
         }
     }
     if (progress) { /* RFC 5321 §4.5.3.2.7: the wait is for the next whole command */
@@ -1416,24 +1759,33 @@ ssize_t smtpe_server_recv(smtpe_server *s, const uint8_t *buf, size_t len, uint6
         s->timer_restart = 0;
     }
     s->stats.octets_in += used;
-    return (ssize_t)used;
+    return (smtpe_ssize)used;
 }
 
-int smtpe_server_next_event(smtpe_server *s, smtpe_event *ev)
+/* The size of each layout of smtpe_event, by version (as config_sizes). */
+static const size_t event_sizes[] = {0, sizeof(smtpe_event)};
+
+int smtpe_server_next_event_versioned(smtpe_server *s, int event_version, smtpe_event *ev)
 {
-    if (!s || !ev || !s->event_ready)
+    if (!s || !ev || !s->event_ready || event_version < 1 ||
+        (size_t)event_version >= sizeof event_sizes / sizeof *event_sizes)
         return 0;
     if (s->ev.type == SMTPE_EV_DATA_CHUNK) { /* the hot path: copy only what it uses */
         ev->type = SMTPE_EV_DATA_CHUNK;
+        ev->abandoned = 0;
+        ev->id = 0;
         ev->chunk = s->ev.chunk;
     } else {
-        *ev = s->ev;
+        memcpy(ev, &s->ev, event_sizes[event_version]);
+        if (smtpe_event_needs_reply(&s->ev))
+            s->owed++;
     }
     s->event_ready = 0;
     /* A BDAT chunk whose octets are all in: its end comes next, without waiting for input. */
     if (s->mode == MODE_BDAT && s->bdat_left == 0 &&
         (ev->type == SMTPE_EV_DATA_CHUNK || ev->type == SMTPE_EV_BDAT))
         bdat_chunk_end(s);
+    resume(s);
     return 1;
 }
 
@@ -1472,7 +1824,8 @@ static int ehlo_reply(smtpe_server *s, unsigned code, const char *first)
     unsigned ext = offered_ext(s);
     char size[40], auth[8 + 200];
     const char *lines[16 + 64];
-    size_t n = 0, at;
+    size_t n = 0, at, len;
+    uint8_t *p;
     lines[n++] = first;
     if (c->extensions & SMTPE_EXT_PIPELINING)
         lines[n++] = "PIPELINING";
@@ -1513,14 +1866,16 @@ static int ehlo_reply(smtpe_server *s, unsigned code, const char *first)
         lines[n++] = "XFORWARD NAME ADDR PORT PROTO HELO IDENT SOURCE";
     for (size_t i = 0; i < c->ehlo_extra_count; i++)
         lines[n++] = c->ehlo_extra[i];
-    out_compact(s);
-    at = s->out_len;
+    at = 0; /* measure, then write where it fits */
     for (size_t i = 0; i < n && at != SIZE_MAX; i++)
-        at = smtpe__reply_line(s->out, s->out_cap - CLOSE_RESERVE, at, code, i + 1 == n, NULL,
-                               lines[i], strlen(lines[i]));
-    if (at == SIZE_MAX)
+        at = smtpe__reply_line(NULL, SIZE_MAX, at, code, i + 1 == n, NULL, lines[i],
+                               strlen(lines[i]));
+    if (at == SIZE_MAX || (p = out_take(s, at, 0)) == NULL)
         return SMTPE_ERR_REPLY_TOO_LONG;
-    s->out_len = at;
+    len = at;
+    at = 0;
+    for (size_t i = 0; i < n; i++)
+        at = smtpe__reply_line(p, len, at, code, i + 1 == n, NULL, lines[i], strlen(lines[i]));
     return 0;
 }
 
@@ -1566,8 +1921,9 @@ static int code_fits(smtpe_event_type type, unsigned code)
     }
 }
 
-/* What a verdict means for the session (see smtpe_server_reply). */
-static void apply_verdict(smtpe_server *s, smtpe_event_type type, unsigned code)
+/* What a verdict means for the session (see smtpe_server_reply); q is the command's queue
+ * entry (it holds what a MAIL's transaction will be). */
+static void apply_verdict(smtpe_server *s, smtpe_event_type type, unsigned code, const held *q)
 {
     int ok = code / 100 == 2;
     switch (type) {
@@ -1578,8 +1934,8 @@ static void apply_verdict(smtpe_server *s, smtpe_event_type type, unsigned code)
     case SMTPE_EV_MAIL:
         if (ok) {
             s->in_transaction = 1;
-            s->smtputf8 = s->ev.mail.smtputf8;
-            s->binarymime = s->ev.mail.body == SMTPE_BODY_BINARYMIME;
+            s->smtputf8 = q->smtputf8;
+            s->binarymime = q->binarymime;
             s->rcpts = 0;
         }
         break;
@@ -1623,19 +1979,25 @@ static void apply_verdict(smtpe_server *s, smtpe_event_type type, unsigned code)
     default:
         break;
     }
-    if (code == 421)
+    if (code == 421) {
         s->closing = 1;
+        drop_owed(s);
+    }
 }
 
+static void release_held(smtpe_server *s);
+static void void_batch(smtpe_server *s);
+
+/* The verdict for the oldest owed reply's event (q_at(s, 0)), whose reply goes out now. */
 static int verdict(smtpe_server *s, unsigned code, const char *enhanced, const char *text)
 {
-    smtpe_event_type type = s->verdict;
+    held q = *q_at(s, 0);
+    smtpe_event_type type = q.type;
     char enh[8];
     int r;
     if ((type == SMTPE_EV_PROXY || type == SMTPE_EV_XCLIENT) && code == 220) {
         r = greeting(s, text ? text : s->cfg->greeting_text);
     } else if (type == SMTPE_EV_PROXY) { /* refused: like smtpe_server_close */
-        s->verdict = SMTPE_EV_NONE;
         return smtpe_server_close(s, code, enhanced, text);
     } else if (type == SMTPE_EV_HELO && code / 100 == 2) {
         const char *first = text ? text : s->cfg->hostname;
@@ -1648,78 +2010,246 @@ static int verdict(smtpe_server *s, unsigned code, const char *enhanced, const c
             text = default_text(code);
         if (type == SMTPE_EV_HELO)
             enhanced = NULL;
-        r = reply(s, code, enhanced, text);
+        r = emit(s, code, enhanced, text);
     }
     if (r != 0)
         return r;
     if (type == SMTPE_EV_AUTH)
         auth_end(s); /* wipe now, even when the reply closed the session (error limit) */
-    if (type == SMTPE_EV_DATA_END && s->lmtp_left > 1 && !s->closing && code != 421) {
+    s->timer_restart = 1;
+    if (s->closing && code != 421) /* the error limit: the 421 went out instead */
+        return 0;
+    if (type == SMTPE_EV_DATA_END && s->lmtp_left > 1 && code != 421) {
         s->lmtp_left--; /* LMTP: the next recipient's verdict is still owed */
         return 0;
     }
     s->lmtp_left = 0;
-    s->verdict = SMTPE_EV_NONE;
-    s->event_ready = s->ev.type == SMTPE_EV_ERROR_LIMIT; /* reply() may have raised it */
-    s->timer_restart = 1;
-    if (!s->closing || code == 421)
-        apply_verdict(s, type, code);
+    q_pop(s);
+    buf_set(s, q.buf, BUF_FREE, 0);
+    s->owed--;
+    apply_verdict(s, type, code, &q);
+    if (type == SMTPE_EV_MAIL && code / 100 != 2)
+        void_batch(s);
+    release_held(s);
+    resume(s);
     return 0;
+}
+
+/* Formats a reply into a held command's line buffer b (with write 0: measures it). Returns
+ * its length, or 0 if it does not fit there (concurrent verdicts: a reply to MAIL or RCPT
+ * takes at most buf_size octets). */
+static size_t held_format(smtpe_server *s, unsigned b, int write, unsigned code,
+                          const char *enhanced, const char *text)
+{
+    char enh[8];
+    size_t len, n;
+    if (!enhanced)
+        enhanced = default_enhanced(enh, code);
+    if (!text)
+        text = default_text(code);
+    enhanced = enhanced_for(s, code, enhanced);
+    len = strlen(text);
+    n = smtpe__reply_format(NULL, SIZE_MAX, code, enhanced, text, len);
+    if (n == 0 || n > s->buf_size || !write)
+        return n > s->buf_size ? 0 : n;
+    return smtpe__reply_format(buf_at(s, b), n, code, enhanced, text, len);
+}
+
+/* A verdict given before an earlier reply: it waits in the command's line buffer (the event's
+ * spans die with the verdict) until release_held sends it in its turn. */
+static int hold_verdict(smtpe_server *s, held *q, unsigned code, const char *enhanced,
+                        const char *text)
+{
+    size_t n = held_format(s, q->buf, 1, code, enhanced, text);
+    if (n == 0)
+        return SMTPE_ERR_REPLY_TOO_LONG;
+    q->type = SMTPE_EV_NONE;
+    q->code = code;
+    q->len = (uint16_t)n;
+    buf_set(s, q->buf, BUF_HELD, 0);
+    s->owed--;
+    s->timer_restart = 1;
+    return 0;
+}
+
+/* Sends the held replies that are now the oldest owed, in order (RFC 2920 §3.1), with what
+ * their verdicts mean. */
+static void release_held(smtpe_server *s)
+{
+    while (!s->closing && s->q_len > 0 && q_at(s, 0)->type == SMTPE_EV_NONE) {
+        held q = *q_at(s, 0);
+        uint8_t *p;
+        if (error_limit(s, q.code))
+            return;
+        if ((p = out_take(s, q.len, 0)) == NULL)
+            return; /* not for want of room: input_room_ok kept it for every owed reply */
+        memcpy(p, buf_at(s, q.buf), q.len);
+        q_pop(s);
+        buf_set(s, q.buf, BUF_FREE, 0);
+        if (q.kind == KIND_RCPT)
+            apply_verdict(s, SMTPE_EV_RCPT, q.code, &q);
+    }
+}
+
+/* The MAIL that the owed RCPTs belong to was refused (RFC 2920 §3.1): each is answered
+ * 503 5.5.1, as without pipelining, whatever its verdict. A RCPT whose event the host has not
+ * taken yet is forgotten; one whose verdict is still owed keeps its line buffer (the spans the
+ * host holds) until that verdict, which then changes nothing. */
+static void void_batch(smtpe_server *s)
+{
+    while (!s->closing && s->q_len > 0) {
+        held q = *q_at(s, 0);
+        q_pop(s);
+        if (q.type == SMTPE_EV_NONE || (s->event_ready && s->ev.id == q.id)) {
+            if (q.type != SMTPE_EV_NONE)
+                s->event_ready = 0; /* never taken: it never happened */
+            buf_set(s, q.buf, BUF_FREE, 0);
+        } else {
+            buf_set(s, q.buf, BUF_VOID, q.id);
+            s->owed_void++;
+        }
+        (void)emit(s, 503, "5.5.1", "Need MAIL command");
+    }
+}
+
+/* The owed verdict of the taken event id (0: the oldest owed): its queue entry in *q, or for a
+ * voided RCPT its line buffer in *vb with *q NULL. Returns the event's type, or SMTPE_EV_NONE if
+ * no such verdict is owed. */
+static smtpe_event_type find_owed(smtpe_server *s, uint64_t id, held **q, unsigned *vb)
+{
+    *q = NULL;
+    if (s->closing)
+        return SMTPE_EV_NONE;
+    if (s->owed_void > 0) { /* voided RCPTs come before every command in the queue */
+        unsigned best = s->npend;
+        for (unsigned i = 0; i < s->npend; i++)
+            if (s->lbuf[i].use == BUF_VOID &&
+                (id != 0 ? s->lbuf[i].id == id
+                         : best == s->npend || s->lbuf[i].id < s->lbuf[best].id))
+                best = i;
+        if (best < s->npend) {
+            *vb = best;
+            return SMTPE_EV_RCPT;
+        }
+    }
+    for (unsigned i = 0; i < s->q_len; i++) {
+        held *h = q_at(s, i);
+        if (h->type == SMTPE_EV_NONE || (id != 0 && h->id != id))
+            continue;
+        if (s->event_ready && s->ev.id == h->id)
+            return SMTPE_EV_NONE; /* not taken yet */
+        *q = h;
+        return h->type;
+    }
+    return SMTPE_EV_NONE;
+}
+
+/* Checks a verdict's arguments for an event of type. Returns 0 or an SMTPE_ERR_*. */
+static int verdict_args(const smtpe_server *s, smtpe_event_type type, unsigned code,
+                        const char *enhanced, const char *text)
+{
+    int r = code_fits(type, code) ? check_reply_args(code, enhanced, text)
+                                  : SMTPE_ERR_INVALID_ARGUMENT;
+    if (r == 0 && type == SMTPE_EV_HELO && text && strchr(text, '\n'))
+        r = SMTPE_ERR_INVALID_ARGUMENT; /* the first line of the EHLO reply is one line */
+    if (r == 0 && type == SMTPE_EV_DATA_END && s->cfg->lmtp && text && strchr(text, '\n'))
+        r = SMTPE_ERR_INVALID_ARGUMENT; /* LMTP: one line per recipient (its room is kept) */
+    return r;
+}
+
+/* Gives the verdict for the owed event id (0: the oldest). */
+static int give_verdict(smtpe_server *s, uint64_t id, unsigned code, const char *enhanced,
+                        const char *text)
+{
+    held *q;
+    unsigned vb = 0;
+    smtpe_event_type type = find_owed(s, id, &q, &vb);
+    int r;
+    if (type == SMTPE_EV_NONE)
+        return SMTPE_ERR_STATE;
+    r = verdict_args(s, type, code, enhanced, text);
+    if (r != 0)
+        return r;
+    if (!q) { /* a voided RCPT: answered 503 already */
+        buf_set(s, vb, BUF_FREE, 0);
+        s->owed_void--;
+        s->owed--;
+        s->timer_restart = 1;
+        resume(s);
+        return 0;
+    }
+    if (q != q_at(s, 0))
+        return hold_verdict(s, q, code, enhanced, text);
+    if (s->npend > 1 && q->kind != KIND_OTHER &&
+        held_format(s, q->buf, 0, code, enhanced, text) == 0) /* the bound held replies have */
+        return SMTPE_ERR_REPLY_TOO_LONG;
+    return verdict(s, code, enhanced, text);
+}
+
+/* The default positive verdict for the owed event id (0: the oldest). */
+static int give_accept(smtpe_server *s, uint64_t id)
+{
+    char text[48];
+    held *q;
+    unsigned vb = 0;
+    switch (find_owed(s, id, &q, &vb)) {
+    case SMTPE_EV_STARTTLS:
+        return give_verdict(s, id, 220, "2.0.0", "Ready to start TLS");
+    case SMTPE_EV_AUTH:
+        return give_verdict(s, id, 235, "2.7.0", "Authentication successful");
+    case SMTPE_EV_CHUNK_END:
+        snprintf(text, sizeof text, "%llu octets received", (unsigned long long)s->bdat_size);
+        return give_verdict(s, id, 250, "2.0.0", text);
+    case SMTPE_EV_PROXY:
+    case SMTPE_EV_XCLIENT:
+        return give_verdict(s, id, 220, NULL, NULL);
+    case SMTPE_EV_XFORWARD:
+        return give_verdict(s, id, 250, "2.0.0", "Ok");
+    case SMTPE_EV_HELO:
+        return give_verdict(s, id, 250, NULL, NULL);
+    case SMTPE_EV_MAIL:
+        return give_verdict(s, id, 250, "2.1.0", "Ok");
+    case SMTPE_EV_RCPT:
+        return give_verdict(s, id, 250, "2.1.5", "Ok");
+    case SMTPE_EV_DATA:
+        return give_verdict(s, id, 354, NULL, "End data with <CR><LF>.<CR><LF>");
+    case SMTPE_EV_DATA_END:
+        return give_verdict(s, id, 250, "2.0.0", "Ok");
+    case SMTPE_EV_VRFY:
+        return give_verdict(s, id, 252, "2.5.0",
+                            "Cannot VRFY user, but will accept message and attempt delivery");
+    case SMTPE_EV_EXPN:
+        return give_verdict(s, id, 252, "2.5.0", "Cannot EXPN list");
+    case SMTPE_EV_UNKNOWN:
+        return give_verdict(s, id, 500, "5.5.1", "Command unrecognized");
+    default:
+        return SMTPE_ERR_STATE;
+    }
 }
 
 int smtpe_server_reply(smtpe_server *s, unsigned code, const char *enhanced, const char *text)
 {
-    if (!s)
-        return SMTPE_ERR_INVALID_ARGUMENT;
-    if (s->verdict == SMTPE_EV_NONE)
-        return SMTPE_ERR_STATE;
-    int r = code_fits(s->verdict, code) ? check_reply_args(code, enhanced, text)
-                                        : SMTPE_ERR_INVALID_ARGUMENT;
-    if (r == 0 && s->verdict == SMTPE_EV_HELO && text && strchr(text, '\n'))
-        r = SMTPE_ERR_INVALID_ARGUMENT; /* the first line of the EHLO reply is one line */
-    if (r == 0 && s->verdict == SMTPE_EV_DATA_END && s->cfg->lmtp && text && strchr(text, '\n'))
-        r = SMTPE_ERR_INVALID_ARGUMENT; /* LMTP: one line per recipient (its room is kept) */
-    return r ? r : verdict(s, code, enhanced, text);
+    return s ? give_verdict(s, 0, code, enhanced, text) : SMTPE_ERR_INVALID_ARGUMENT;
 }
 
 int smtpe_server_accept(smtpe_server *s)
 {
-    char text[48];
-    if (!s)
-        return SMTPE_ERR_INVALID_ARGUMENT;
-    switch (s->verdict) {
-    case SMTPE_EV_STARTTLS:
-        return verdict(s, 220, "2.0.0", "Ready to start TLS");
-    case SMTPE_EV_AUTH:
-        return verdict(s, 235, "2.7.0", "Authentication successful");
-    case SMTPE_EV_CHUNK_END:
-        snprintf(text, sizeof text, "%llu octets received", (unsigned long long)s->bdat_size);
-        return verdict(s, 250, "2.0.0", text);
-    case SMTPE_EV_PROXY:
-    case SMTPE_EV_XCLIENT:
-        return verdict(s, 220, NULL, NULL);
-    case SMTPE_EV_XFORWARD:
-        return verdict(s, 250, "2.0.0", "Ok");
-    case SMTPE_EV_HELO:
-        return verdict(s, 250, NULL, NULL);
-    case SMTPE_EV_MAIL:
-        return verdict(s, 250, "2.1.0", "Ok");
-    case SMTPE_EV_RCPT:
-        return verdict(s, 250, "2.1.5", "Ok");
-    case SMTPE_EV_DATA:
-        return verdict(s, 354, NULL, "End data with <CR><LF>.<CR><LF>");
-    case SMTPE_EV_DATA_END:
-        return verdict(s, 250, "2.0.0", "Ok");
-    case SMTPE_EV_VRFY:
-        return verdict(s, 252, "2.5.0",
-                       "Cannot VRFY user, but will accept message and attempt delivery");
-    case SMTPE_EV_EXPN:
-        return verdict(s, 252, "2.5.0", "Cannot EXPN list");
-    case SMTPE_EV_UNKNOWN:
-        return verdict(s, 500, "5.5.1", "Command unrecognized");
-    default:
-        return SMTPE_ERR_STATE;
-    }
+    return s ? give_accept(s, 0) : SMTPE_ERR_INVALID_ARGUMENT;
+}
+
+int smtpe_server_reply_id(smtpe_server *s, uint64_t id, unsigned code, const char *enhanced,
+                          const char *text)
+{
+    if (!s || id == 0)
+        return s ? SMTPE_ERR_STATE : SMTPE_ERR_INVALID_ARGUMENT;
+    return give_verdict(s, id, code, enhanced, text);
+}
+
+int smtpe_server_accept_id(smtpe_server *s, uint64_t id)
+{
+    if (!s || id == 0)
+        return s ? SMTPE_ERR_STATE : SMTPE_ERR_INVALID_ARGUMENT;
+    return give_accept(s, id);
 }
 
 int smtpe_server_close(smtpe_server *s, unsigned code, const char *enhanced, const char *text)
@@ -1733,8 +2263,8 @@ int smtpe_server_close(smtpe_server *s, unsigned code, const char *enhanced, con
         return r;
     if (s->closing)
         return SMTPE_ERR_STATE;
-    if (s->stats.octets_out == 0 && s->out_off == 0)
-        s->out_len = 0; /* nothing sent yet: the reply replaces the greeting */
+    if (!s->out_lent) /* nothing handed out yet: the reply replaces the greeting */
+        s->a_off = s->a_end = s->b_end = 0;
     if (!enhanced)
         enhanced = default_enhanced(enh, code);
     if (!text)
@@ -1742,8 +2272,7 @@ int smtpe_server_close(smtpe_server *s, unsigned code, const char *enhanced, con
     r = out_reply(s, code, enhanced, text, strlen(text), 1);
     if (r != 0)
         return r;
-    s->verdict = SMTPE_EV_NONE;
-    s->event_ready = 0;
+    drop_owed(s);
     s->closing = 1;
     if (s->auth != AUTH_NONE)
         auth_end(s); /* wipe credentials a dropped AUTH verdict left */
@@ -1757,7 +2286,7 @@ int smtpe_server_tls_started(smtpe_server *s, uint64_t now_ms)
     if (s->tls || s->closing)
         return SMTPE_ERR_STATE;
     if (s->mode == MODE_TLS_WAIT) {
-        if (s->out_len > s->out_off)
+        if (out_pending(s) > 0)
             return SMTPE_ERR_STATE; /* the 220 must go out in the clear first */
         /* RFC 3207 §4.2: discard all knowledge from the client; no new greeting */
         s->helo = HELO_NONE;
@@ -1766,7 +2295,7 @@ int smtpe_server_tls_started(smtpe_server *s, uint64_t now_ms)
         smtpe__line_reset(&s->line);
         s->mode = MODE_COMMAND;
     } else if (s->stats.commands > 0 || s->stats.octets_out > 0 || s->mode != MODE_COMMAND ||
-               s->event_ready || s->verdict != SMTPE_EV_NONE) {
+               s->event_ready || s->q_len > 0) {
         return SMTPE_ERR_STATE; /* implicit TLS only before the session has begun */
     }
     s->tls = 1;
@@ -1778,22 +2307,24 @@ int smtpe_server_tls_started(smtpe_server *s, uint64_t now_ms)
 int smtpe_server_auth_challenge(smtpe_server *s, const uint8_t *data, size_t len)
 {
     size_t need;
+    held *q;
+    unsigned vb;
+    uint8_t *p;
     if (!s || (!data && len > 0))
         return SMTPE_ERR_INVALID_ARGUMENT;
-    if (s->verdict != SMTPE_EV_AUTH || s->auth_mech_id != SMTPE_SASL_OTHER)
+    if (find_owed(s, 0, &q, &vb) != SMTPE_EV_AUTH || s->auth_mech_id != SMTPE_SASL_OTHER)
         return SMTPE_ERR_STATE;
     if (len > 1536)
         return SMTPE_ERR_REPLY_TOO_LONG;
-    out_compact(s);
     need = 4 + SMTPE__BASE64_LEN(len) + 2;
-    if (s->out_len + need > s->out_cap - CLOSE_RESERVE)
+    if ((p = out_take(s, need, 0)) == NULL)
         return SMTPE_ERR_REPLY_TOO_LONG;
-    memcpy(s->out + s->out_len, "334 ", 4);
-    smtpe__base64_encode(data, len, s->out + s->out_len + 4);
-    memcpy(s->out + s->out_len + need - 2, "\r\n", 2);
-    s->out_len += need;
-    s->verdict = SMTPE_EV_NONE;
-    s->event_ready = 0;
+    memcpy(p, "334 ", 4);
+    smtpe__base64_encode(data, len, p + 4);
+    memcpy(p + need - 2, "\r\n", 2);
+    buf_set(s, q->buf, BUF_FREE, 0);
+    q_pop(s);
+    s->owed--;
     s->timer_restart = 1;
     auth_end(s); /* wipes the response just handled */
     s->auth = AUTH_OTHER_WAIT;
@@ -1819,18 +2350,23 @@ const uint8_t *smtpe_server_send_buf(smtpe_server *s, size_t *len)
             *len = 0;
         return NULL;
     }
-    *len = s->out_len - s->out_off;
-    return s->out + s->out_off;
+    *len = s->a_end - s->a_off; /* run A; run B follows once A is acknowledged */
+    if (*len > 0)
+        s->out_lent = 1;
+    return s->out + s->a_off;
 }
 
 int smtpe_server_send_ack(smtpe_server *s, size_t n)
 {
-    if (!s || n > s->out_len - s->out_off)
+    if (!s || n > s->a_end - s->a_off)
         return SMTPE_ERR_INVALID_ARGUMENT;
-    s->out_off += n;
+    s->a_off += n;
     s->stats.octets_out += n;
-    if (s->out_off == s->out_len)
-        s->out_off = s->out_len = 0;
+    if (s->a_off == s->a_end) { /* run A is out: run B, if any, takes its place */
+        s->a_off = 0;
+        s->a_end = s->b_end;
+        s->b_end = 0;
+    }
     return 0;
 }
 
@@ -1839,29 +2375,31 @@ unsigned smtpe_server_want(const smtpe_server *s)
     unsigned w = 0;
     if (!s)
         return 0;
-    if (s->out_len > s->out_off)
+    if (out_pending(s) > 0)
         w |= SMTPE_WANT_WRITE;
     if (s->event_ready)
         w |= SMTPE_WANT_EVENT;
     if (s->closing)
         return w | SMTPE_WANT_CLOSE;
-    if (s->mode == MODE_TLS_WAIT)
-        return w | SMTPE_WANT_TLS;
-    if (s->verdict != SMTPE_EV_NONE)
+    if (s->mode == MODE_TLS_WAIT) /* what was read before the handshake is consumed, dropped */
+        return w | SMTPE_WANT_TLS | SMTPE_WANT_READ;
+    if (s->owed > 0)
         w |= SMTPE_WANT_VERDICT;
-    else if (!s->event_ready && input_room_ok(s))
+    if (reading(s))
         w |= SMTPE_WANT_READ;
     return w;
 }
 
-uint64_t smtpe_server_expiry(const smtpe_server *s)
+uint64_t smtpe_server_expiry(smtpe_server *s, uint64_t now_ms)
 {
     uint64_t t;
-    if (!s || s->closing || s->event_ready || s->verdict != SMTPE_EV_NONE ||
+    if (!s || s->closing || s->event_ready || s->q_len > 0 || s->owed > 0 || s->parked ||
         s->mode == MODE_TLS_WAIT)
         return UINT64_MAX;
-    if (s->timer_restart)
-        return 0; /* call handle_expiry now so that the timer restarts from the host's clock */
+    if (s->timer_restart) { /* a verdict came: the wait for the client starts now */
+        s->timer_restart = 0;
+        s->last_activity = now_ms;
+    }
     t = s->mode == MODE_DATA || s->mode == MODE_BDAT || s->mode == MODE_BDAT_SKIP
             ? s->cfg->data_timeout_ms
             : s->cfg->command_timeout_ms;
@@ -1872,31 +2410,42 @@ uint64_t smtpe_server_expiry(const smtpe_server *s)
 
 int smtpe_server_handle_expiry(smtpe_server *s, uint64_t now_ms)
 {
-    uint64_t due = smtpe_server_expiry(s);
-    if (!s || due == UINT64_MAX)
-        return 0;
-    if (s->timer_restart) {
-        s->timer_restart = 0;
-        s->last_activity = now_ms;
-        return 0;
-    }
-    if (now_ms < due)
+    uint64_t due = smtpe_server_expiry(s, now_ms);
+    if (!s || due == UINT64_MAX || now_ms < due)
         return 0;
     if (s->mode == MODE_PROXY) /* no header yet: not an SMTP peer to answer, like PROXY_INVALID */
         s->closing = 1;
     else
         close_with(s, 421, "4.4.2", "Timeout exceeded"); /* RFC 5321 §4.5.3.2 */
+    s->abandon = end_transaction(s);
     raise_event(s, SMTPE_EV_TIMEOUT);
     return 1;
 }
 
-void smtpe_server_get_stats(const smtpe_server *s, smtpe_server_stats *st)
+/* The size of each layout of smtpe_server_stats, by version (as config_sizes). */
+static const size_t stats_sizes[] = {0, sizeof(smtpe_server_stats)};
+
+void smtpe_server_get_stats_versioned(const smtpe_server *s, int stats_version,
+                                      smtpe_server_stats *st)
 {
-    if (s && st) {
-        *st = s->stats;
-        st->tls = s->tls;
-        st->authenticated = s->authenticated;
-    }
+    smtpe_server_stats v;
+    if (!s || !st || stats_version < 1 ||
+        (size_t)stats_version >= sizeof stats_sizes / sizeof *stats_sizes)
+        return;
+    v = s->stats;
+    v.tls = s->tls;
+    v.authenticated = s->authenticated;
+    memcpy(st, &v, stats_sizes[stats_version]);
+}
+
+uint32_t smtpe_version(void)
+{
+    return SMTPE_VERSION_NUM;
+}
+
+const char *smtpe_version_string(void)
+{
+    return SMTPE_VERSION_STRING;
 }
 
 const char *smtpe_strerror(int err)

@@ -512,10 +512,12 @@ static void check_want(run *r)
     FUZZ_CHECK(!!(w & SMTPE_WANT_TLS) == r->tls_pending,
                "SMTPE_WANT_TLS disagrees with the STARTTLS verdict (or tls_started)");
     if (w & SMTPE_WANT_TLS) {
-        FUZZ_CHECK(!(w & (SMTPE_WANT_READ | SMTPE_WANT_EVENT | SMTPE_WANT_VERDICT |
-                          SMTPE_WANT_CLOSE)),
-                   "SMTPE_WANT_TLS together with READ, EVENT, VERDICT or CLOSE (oracle j)");
-        FUZZ_CHECK(smtpe_server_expiry(r->s) == UINT64_MAX,
+        FUZZ_CHECK(!(w & (SMTPE_WANT_EVENT | SMTPE_WANT_VERDICT | SMTPE_WANT_CLOSE)),
+                   "SMTPE_WANT_TLS together with EVENT, VERDICT or CLOSE (oracle j)");
+        FUZZ_CHECK(w & SMTPE_WANT_READ,
+                   "SMTPE_WANT_TLS without READ: octets read before the handshake must be fed "
+                   "(oracle j)");
+        FUZZ_CHECK(smtpe_server_expiry(r->s, r->now) == UINT64_MAX,
                    "expiry() is not UINT64_MAX while the TLS handshake runs (oracle j)");
     }
 }
@@ -525,7 +527,7 @@ static void check_want(run *r)
  * now (the engine may restart the timer from this clock after a verdict). */
 static void expiry_check(run *r)
 {
-    uint64_t e = smtpe_server_expiry(r->s);
+    uint64_t e = smtpe_server_expiry(r->s, r->now);
     int x = smtpe_server_handle_expiry(r->s, r->now);
     FUZZ_CHECK(x == 0 || x == 1, "handle_expiry returned neither 0 nor 1");
     if (x) {
@@ -534,7 +536,7 @@ static void expiry_check(run *r)
         FUZZ_CHECK((w & SMTPE_WANT_EVENT) && (w & SMTPE_WANT_CLOSE),
                    "after a timeout the session must have an event and want to close");
     } else {
-        uint64_t e2 = smtpe_server_expiry(r->s);
+        uint64_t e2 = smtpe_server_expiry(r->s, r->now);
         FUZZ_CHECK(e2 > r->now, "handle_expiry did not expire although expiry() is due");
     }
     TRACE("[%s] now=%llu expiry=%llu handle_expiry=%d\n", r->split ? "split" : "whole",
@@ -1785,24 +1787,32 @@ static void make_config(fcase *c, const uint8_t *h)
 }
 
 /* smtpe.h's formula of smtpe_server_memory_size(cfg) without S, the session struct:
- *   (max_line_length - 2) + max(reply_buffer_size, R + 600) + L
- * R = max(2560, E), E = 1100 + strlen(auth_mechanisms) + sum(6 + strlen(ehlo_extra[i])),
+ *   N * (B + 40) + O + L
+ * N = max_pending_verdicts, B = max_line_length - 2 (at least 512 when N > 1),
+ * O = max(reply_buffer_size, R + 600) + (N - 1) * B, R = max(2560, E),
+ * E = 1100 + strlen(auth_mechanisms) + sum(6 + strlen(ehlo_extra[i])),
  * L = 512 * max_recipients under LMTP, else 0. In octets. */
 static size_t formula_without_s(const smtpe_server_config *cfg)
 {
+    size_t n = cfg->max_pending_verdicts;
+    size_t b = cfg->max_line_length - 2;
+    if (n > 1 && b < 512)
+        b = 512;
     size_t e = 1100 + (cfg->auth_mechanisms ? strlen(cfg->auth_mechanisms) : 0);
     for (size_t i = 0; i < cfg->ehlo_extra_count; i++)
         e += 6 + strlen(cfg->ehlo_extra[i]);
     size_t room = e > 2560 ? e : 2560;
     size_t out = cfg->reply_buffer_size > room + 600 ? cfg->reply_buffer_size : room + 600;
+    out += (n - 1) * b;
     if (cfg->lmtp)
         out += (size_t)512 * cfg->max_recipients;
-    return (cfg->max_line_length - 2) + out;
+    return n * (b + 40) + out;
 }
 
 /* Oracle (d), the formula: memory_size(cfg) - formula_without_s(cfg) is the same S for every
  * valid config, a multiple of max_align_t's size, and (LP64) the one the figures of smtpe.h
- * give: "With the defaults: 5950 octets (57150 with lmtp)", so S = 5950 - 510 - 4096. */
+ * give: "With the defaults (on LP64): 6214 octets (57414 with lmtp; 111552 with
+ * max_pending_verdicts 100)". */
 static void check_memory_formula(const smtpe_server_config *cfg, size_t memsize)
 {
     static size_t s_default;
@@ -1815,10 +1825,14 @@ static void check_memory_formula(const smtpe_server_config *cfg, size_t memsize)
         FUZZ_CHECK(s_default % sizeof(max_align_t) == 0,
                    "memory formula: S is not rounded to max_align_t");
         if (sizeof(void *) == 8) {
-            FUZZ_CHECK(m == 5950, "memory_size of the defaults is not smtpe.h's 5950 octets");
+            FUZZ_CHECK(m == 6214, "memory_size of the defaults is not smtpe.h's 6214 octets");
             d.lmtp = 1;
-            FUZZ_CHECK(smtpe_server_memory_size(&d) == 57150,
-                       "memory_size of the defaults with lmtp is not smtpe.h's 57150 octets");
+            FUZZ_CHECK(smtpe_server_memory_size(&d) == 57414,
+                       "memory_size of the defaults with lmtp is not smtpe.h's 57414 octets");
+            d.lmtp = 0;
+            d.max_pending_verdicts = 100;
+            FUZZ_CHECK(smtpe_server_memory_size(&d) == 111552,
+                       "memory_size with 100 pending verdicts is not smtpe.h's 111552 octets");
         }
     }
     if (memsize != s_default + formula_without_s(cfg)) {

@@ -12,23 +12,85 @@
  * RFC 4954 (AUTH, with SASL PLAIN RFC 4616 and LOGIN decoded), RFC 3030 (CHUNKING, BINARYMIME),
  * RFC 3461 (DSN), RFC 2033 (LMTP), RFC 8689 (REQUIRETLS), RFC 6710 (MT-PRIORITY),
  * RFC 2852 (DELIVERBY), the HAProxy PROXY protocol v1/v2 and Postfix's XCLIENT and XFORWARD.
+ *
+ * Language. C11 is required (the header uses anonymous unions; the engine uses max_align_t
+ * and _Alignof); the header also compiles as C++11 and later. It needs nothing but the
+ * standard headers <stddef.h> and <stdint.h>: no POSIX type, no define.
+ *
+ * Threads. The engine has no global mutable state and starts no thread. A session
+ * (smtpe_server) is used by one thread at a time; it may move between threads (a thread pool,
+ * a work-stealing loop) as long as the host orders the calls (a mutex, or handing the session
+ * over through a queue, gives that order). A config (smtpe_server_config) is only read by the
+ * engine: once set up it may be shared by any number of sessions on any threads. Functions
+ * without a session (smtpe_strerror, smtpe_version, smtpe_server_config_init,
+ * smtpe_server_memory_size, smtpe_event_needs_reply, smtpe_proxy_tlv_next) may be called from
+ * any thread at any time.
+ *
+ * Versions and ABI. SMTPE_VERSION_* below say which release this header belongs to;
+ * smtpe_version() says which library the program runs with. The shared library's ABI is
+ * versioned by its soname (libsmtpe.so.1 for ABI 1, from release 0.2.0 on): a program built
+ * against any release of ABI 1 keeps working with every later release of ABI 1, which only
+ * adds functions and adds fields at the end of the versioned structs:
+ *   - The structs the caller allocates and the library fills or reads (smtpe_server_config,
+ *     smtpe_event, smtpe_server_stats) are versioned, as ngtcp2 does it: each has a
+ *     SMTPE_*_VERSION number, and every function that takes one has a _versioned form with
+ *     the version as a parameter; the plain name is a macro that passes the version of this
+ *     header, so callers write smtpe_server_new(...) as usual. The library reads and writes
+ *     only the fields that version has (a later library fills the fields it added with their
+ *     defaults, and never writes past the caller's struct) and refuses a version it does not
+ *     know with SMTPE_ERR_INVALID_ARGUMENT. Bindings that call through an FFI call the
+ *     _versioned functions with the version their struct layout matches.
+ *   - The other structs (smtpe_span, smtpe_allocator, smtpe_param, smtpe_path,
+ *     smtpe_proxy_info) are frozen: they never change; new data goes into new fields of the
+ *     versioned ones.
+ *   - Event types, flags and error codes are only added; an event type a later release adds
+ *     is only ever given to a session whose config asks for the feature it belongs to, which
+ *     an older program cannot do.
+ * The shared library exports exactly the functions declared with SMTPE_API here (a linker
+ * version script, node SMTPE_0.2); the engine's internal functions are hidden in every build,
+ * so two copies of smtpe (a static one inside a plug-in, say) never clash in one process.
  */
 #ifndef SMTPE_H
 #define SMTPE_H
 
 #include <stddef.h>
 #include <stdint.h>
-#include <sys/types.h> /* ssize_t */
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#if defined(SMTPE_BUILDING) && defined(__GNUC__)
-#define SMTPE_EXTERN __attribute__((visibility("default")))
+/* The mark on every public function. The shared library's build defines SMTPE_SHARED_BUILD;
+ * an embedder may define SMTPE_API itself (-DSMTPE_API=...) before including this header,
+ * e.g. to __attribute__((visibility("hidden"))) to keep a vendored copy out of its own
+ * shared object's exports, or to static when it compiles the amalgamated smtpe.c into the
+ * one file that uses it. */
+#ifndef SMTPE_API
+#if defined(SMTPE_SHARED_BUILD) && defined(__GNUC__)
+#define SMTPE_API __attribute__((visibility("default")))
 #else
-#define SMTPE_EXTERN
+#define SMTPE_API
 #endif
+#endif
+
+/* ---------------------------------------------------------------------------------------------
+ * Versions. SMTPE_VERSION_NUM is (major << 16) | (minor << 8) | patch.
+ * ------------------------------------------------------------------------------------------- */
+#define SMTPE_VERSION_MAJOR 0
+#define SMTPE_VERSION_MINOR 2
+#define SMTPE_VERSION_PATCH 0
+#define SMTPE_VERSION_NUM 0x000200
+#define SMTPE_VERSION_STRING "0.2.0"
+
+/* The library's SMTPE_VERSION_NUM (the release the program runs with, which may be later
+ * than the header it was built with). */
+SMTPE_API uint32_t smtpe_version(void);
+/* The library's SMTPE_VERSION_STRING, a static string that lives forever. */
+SMTPE_API const char *smtpe_version_string(void);
+
+/* A signed octet count or negative error, as returned by smtpe_server_recv (ptrdiff_t, so that
+ * no POSIX ssize_t is needed). */
+typedef ptrdiff_t smtpe_ssize;
 
 /* ---------------------------------------------------------------------------------------------
  * Errors. Every function that can fail returns a negative SMTPE_ERR_* code. Codes at or below
@@ -44,7 +106,7 @@ extern "C" {
 
 /* Returns a static, human-readable description of an SMTPE_ERR_* code ("unknown error" for
  * anything else). The string lives forever. */
-SMTPE_EXTERN const char *smtpe_strerror(int err);
+SMTPE_API const char *smtpe_strerror(int err);
 
 /* A run of octets. ptr is not NUL-terminated; its lifetime is given where the span is returned. */
 typedef struct smtpe_span {
@@ -62,8 +124,10 @@ typedef struct smtpe_allocator {
 
 /* ---------------------------------------------------------------------------------------------
  * Configuration. Initialise with smtpe_server_config_init(), change fields, then share it
- * read-only among any number of sessions on any threads. It must outlive every session created
- * from it (sessions keep a pointer to it and to the strings it points to).
+ * read-only among any number of sessions on any threads. A session copies the config when it
+ * is created, so the struct itself may go away or change afterwards (for the next sessions);
+ * the strings it points to (hostname, greeting_text, ehlo_extra, auth_mechanisms) must outlive
+ * every session created from it.
  * ------------------------------------------------------------------------------------------- */
 
 /* Extensions advertised in the EHLO reply (RFC 5321 §4.1.1.1), a bitmask. */
@@ -163,10 +227,25 @@ typedef struct smtpe_server_config {
      * greeting waits for the host's verdict on SMTPE_EV_PROXY. A v2 header may carry at most
      * max_line_length - 18 octets of addresses and TLVs. Off by default. */
     int proxy_protocol;
+    /* Concurrent verdicts: how many commands of a pipelined batch (RFC 2920) the engine may
+     * hold at once, events handed out and verdicts owed, 1..1024. Default 1: one verdict at a
+     * time, each event waits for the previous verdict. Above 1, the RCPT commands that follow
+     * a MAIL are handed out while the MAIL and earlier RCPTs still wait for their verdicts;
+     * the host answers them in any order (smtpe_server_reply_id) and the replies still leave
+     * in command order. The rules, and what it costs in memory, are given at
+     * smtpe_server_reply_id. */
+    unsigned max_pending_verdicts;
 } smtpe_server_config;
 
-/* Fills cfg with the defaults documented above. */
-SMTPE_EXTERN void smtpe_server_config_init(smtpe_server_config *cfg);
+/* The layout of smtpe_server_config in this header (see "Versions and ABI" above). */
+#define SMTPE_SERVER_CONFIG_V1 1
+#define SMTPE_SERVER_CONFIG_VERSION SMTPE_SERVER_CONFIG_V1
+
+/* Fills cfg, laid out as config_version says, with the defaults documented above. Does
+ * nothing if cfg is NULL or the version is unknown. */
+SMTPE_API void smtpe_server_config_init_versioned(int config_version, smtpe_server_config *cfg);
+#define smtpe_server_config_init(cfg)                                                           \
+    smtpe_server_config_init_versioned(SMTPE_SERVER_CONFIG_VERSION, (cfg))
 
 /* ---------------------------------------------------------------------------------------------
  * Events
@@ -300,6 +379,17 @@ typedef struct smtpe_proxy_info {
 
 typedef struct smtpe_event {
     smtpe_event_type type;
+    /* 1 when this event ended a mail transaction the host had accepted (MAIL 2xx) before the
+     * end of its content: the host drops what it keeps for it (a temporary file, the
+     * recipients). The event type says why: RSET, HELO (HELO, EHLO or LHLO reset it), QUIT,
+     * TIMEOUT, ERROR_LIMIT. A transaction that ends otherwise is seen by the host already:
+     * DATA_END (whatever its status), its own 4xx/5xx to CHUNK_END, its own
+     * smtpe_server_close, the client's disconnection. 0 otherwise. */
+    int abandoned;
+    /* The event's number in the session: 1, 2, 3, ... in the order events are taken. The
+     * verdict calls with an id (smtpe_server_reply_id, smtpe_server_accept_id) name the event
+     * by it. */
+    uint64_t id;
     union {
         struct {
             smtpe_span domain; /* the argument as sent; engine line buffer, valid until verdict */
@@ -394,70 +484,98 @@ typedef struct smtpe_event {
     };
 } smtpe_event;
 
+/* The layout of smtpe_event in this header (see "Versions and ABI" above). */
+#define SMTPE_EVENT_V1 1
+#define SMTPE_EVENT_VERSION SMTPE_EVENT_V1
+
 /* Walks the TLVs of a PROXY v2 header: takes the next one from *tlvs into *type and *value
  * (a span into the same octets) and advances *tlvs past it. Returns 1, or 0 at the end (or if
  * the rest is malformed, which the engine has already ruled out for ev.proxy.tlvs). */
-SMTPE_EXTERN int smtpe_proxy_tlv_next(smtpe_span *tlvs, uint8_t *type, smtpe_span *value);
+SMTPE_API int smtpe_proxy_tlv_next(smtpe_span *tlvs, uint8_t *type, smtpe_span *value);
 
 /* Returns 1 if an event of this kind waits for smtpe_server_reply or smtpe_server_accept. */
-SMTPE_EXTERN int smtpe_event_needs_reply(const smtpe_event *ev);
+SMTPE_API int smtpe_event_needs_reply(const smtpe_event *ev);
 
 /* ---------------------------------------------------------------------------------------------
  * Server session
  * ------------------------------------------------------------------------------------------- */
 typedef struct smtpe_server smtpe_server;
 
-/* Octets of memory one session needs for cfg: a fixed size, never growing. It is
- *   S + (max_line_length - 2) + max(reply_buffer_size, R + 600) + L
- * where S is the session struct (about 1.3 KiB, rounded to max_align_t; it holds the LOGIN
- * user name), 600 octets are kept for a final 421/221 line, R = max(2560, E) is the room one
- * reply may need, with E the EHLO reply's bound: 1100 (a first line of up to 400 octets and
- * the built-in extensions) + strlen(auth_mechanisms) + sum(6 + strlen(ehlo_extra[i])), and
- * L = 512 * max_recipients under LMTP (one reply line per recipient), else 0.
- * With the defaults: 5950 octets (57150 with lmtp). Returns 0 if cfg is invalid. */
-SMTPE_EXTERN size_t smtpe_server_memory_size(const smtpe_server_config *cfg);
+/* Octets of memory one session needs for cfg: a fixed size, never growing. With
+ * N = max_pending_verdicts it is
+ *   S + N * (B + 40) + O + L
+ * where S is the session struct (about 1.5 KiB with its copy of the config, rounded to
+ * max_align_t; it holds the LOGIN user name); B is one command line buffer of
+ * max_line_length - 2 octets (at least 512 when N > 1: a verdict given out of order waits
+ * there) and 40 octets the bookkeeping of one held command; O = max(reply_buffer_size,
+ * R + 600) + (N - 1) * B is the reply ring, in which 600 octets are kept for a final 421/221
+ * line and R = max(2560, E) is the room one reply may need, with E the EHLO reply's bound:
+ * 1100 (a first line of up to 400 octets and the built-in extensions) + strlen(auth_mechanisms)
+ * + sum(6 + strlen(ehlo_extra[i])); and L = 512 * max_recipients under LMTP (one reply line
+ * per recipient), else 0. With the defaults (on LP64): 6214 octets (57414 with lmtp; 111552
+ * with max_pending_verdicts 100). Returns 0 if cfg is invalid or its version unknown. */
+SMTPE_API size_t smtpe_server_memory_size_versioned(int config_version,
+                                                    const smtpe_server_config *cfg);
+#define smtpe_server_memory_size(cfg)                                                           \
+    smtpe_server_memory_size_versioned(SMTPE_SERVER_CONFIG_VERSION, (cfg))
 
 /* Creates a session with one allocation of smtpe_server_memory_size(cfg) octets through alloc
- * (NULL: malloc) and queues the 220 greeting (RFC 5321 §3.1, §4.2). now_ms is the host's
- * monotonic clock in milliseconds; it starts the command timeout. cfg must outlive the session.
- * Returns 0, SMTPE_ERR_INVALID_ARGUMENT, SMTPE_ERR_CONFIG or SMTPE_ERR_NOMEM. */
-SMTPE_EXTERN int smtpe_server_new(smtpe_server **out, const smtpe_server_config *cfg,
-                                  const smtpe_allocator *alloc, uint64_t now_ms);
+ * (NULL: malloc) and queues the 220 greeting (RFC 5321 §3.1, §4.2). The session copies cfg
+ * (laid out as config_version says); the strings it points to must outlive the session.
+ * now_ms is the host's monotonic clock in milliseconds; it starts the command timeout.
+ * Returns 0, SMTPE_ERR_INVALID_ARGUMENT (also for an unknown config_version),
+ * SMTPE_ERR_CONFIG or SMTPE_ERR_NOMEM. */
+SMTPE_API int smtpe_server_new_versioned(smtpe_server **out, int config_version,
+                                         const smtpe_server_config *cfg,
+                                         const smtpe_allocator *alloc, uint64_t now_ms);
+#define smtpe_server_new(out, cfg, alloc, now_ms)                                               \
+    smtpe_server_new_versioned((out), SMTPE_SERVER_CONFIG_VERSION, (cfg), (alloc), (now_ms))
 
 /* Like smtpe_server_new, but in caller memory mem of len octets, aligned for any type
  * (max_align_t), which must stay valid until the session is no longer used; smtpe_server_free
- * must not be called. Returns 0, SMTPE_ERR_INVALID_ARGUMENT (also for misaligned mem),
- * SMTPE_ERR_CONFIG or SMTPE_ERR_BUFFER_TOO_SMALL. */
-SMTPE_EXTERN int smtpe_server_init(smtpe_server **out, void *mem, size_t len,
-                                   const smtpe_server_config *cfg, uint64_t now_ms);
+ * must not be called. Returns 0, SMTPE_ERR_INVALID_ARGUMENT (also for misaligned mem or an
+ * unknown config_version), SMTPE_ERR_CONFIG or SMTPE_ERR_BUFFER_TOO_SMALL. */
+SMTPE_API int smtpe_server_init_versioned(smtpe_server **out, void *mem, size_t len,
+                                          int config_version, const smtpe_server_config *cfg,
+                                          uint64_t now_ms);
+#define smtpe_server_init(out, mem, len, cfg, now_ms)                                           \
+    smtpe_server_init_versioned((out), (mem), (len), SMTPE_SERVER_CONFIG_VERSION, (cfg),       \
+                                (now_ms))
 
 /* Frees a session made by smtpe_server_new. NULL is allowed. */
-SMTPE_EXTERN void smtpe_server_free(smtpe_server *s);
+SMTPE_API void smtpe_server_free(smtpe_server *s);
 
 /* Feeds len octets read from the client. The engine consumes octets until it has an event for
- * the host to take, waits for a verdict, has too little reply buffer left for another reply, or
+ * the host to take, waits for a verdict, has too little reply room left for another reply, or
  * wants to close; the host keeps the rest and feeds it again after taking the event, giving the
  * verdict or sending output. now_ms is the monotonic clock in ms; a completed command line, or
  * content octets during DATA, restart the timeouts from it (so a client that drips a command
  * one octet at a time still has command_timeout_ms for the whole line).
- * Returns the number of octets consumed (0..len), or SMTPE_ERR_INVALID_ARGUMENT. It may return 0
- * and still have made progress (queued a reply or an event: under NORMALISE a line ended by a
- * bare CR is known only when the next octet arrives, which is not consumed); a host loops while
- * octets are consumed, events come or output is queued, as smtpe_server_want() tells.
+ * Returns the number of octets consumed (0..len), or SMTPE_ERR_INVALID_ARGUMENT. It may return
+ * 0 and still have made progress (queued a reply or an event: under NORMALISE a line ended by
+ * a bare CR is known only when the next octet arrives, which is not consumed). It never
+ * returns 0 without progress while smtpe_server_want() says SMTPE_WANT_READ and len > 0, so a
+ * host that, after every recv, takes the events, sends the output and feeds again while
+ * want() says SMTPE_WANT_READ and octets are left can neither spin nor stall.
  * RFC 5321 §2.3.8 (lines), §4.1.1 (commands), §4.5.2 (transparency), RFC 2920 (pipelining). */
-SMTPE_EXTERN ssize_t smtpe_server_recv(smtpe_server *s, const uint8_t *buf, size_t len,
-                                       uint64_t now_ms);
+SMTPE_API smtpe_ssize smtpe_server_recv(smtpe_server *s, const uint8_t *buf, size_t len,
+                                        uint64_t now_ms);
 
-/* Takes the pending event, if any, into *ev. Returns 1 if an event was taken, 0 if none.
- * Spans in the event have the lifetimes given in smtpe_event. */
-SMTPE_EXTERN int smtpe_server_next_event(smtpe_server *s, smtpe_event *ev);
+/* Takes the next event, if any, into *ev (laid out as event_version says; the library writes
+ * only that layout's octets). Returns 1 if an event was taken, 0 if none (or if s or ev is
+ * NULL or the version unknown). Spans in the event have the lifetimes given in smtpe_event.
+ * An event that needs a verdict can be answered only once it has been taken. */
+SMTPE_API int smtpe_server_next_event_versioned(smtpe_server *s, int event_version,
+                                                smtpe_event *ev);
+#define smtpe_server_next_event(s, ev)                                                          \
+    smtpe_server_next_event_versioned((s), SMTPE_EVENT_VERSION, (ev))
 
-/* Gives the verdict for the event that needs one: a reply with reply code code (200..599),
- * enhanced status code enhanced ("5.1.1"; NULL: derived from the code class as "x.0.0"; only
- * sent when ENHANCEDSTATUSCODES is on) and text (NUL-terminated; NULL: a default text; '\n'
- * separates the lines of a multi-line reply; no other control characters but HT; at most 32
- * lines, each at most 400 octets, all at most 2048). The reply goes out in order after earlier
- * replies. Meaning:
+/* Gives the verdict for the oldest event taken with next_event that still waits for one: a
+ * reply with reply code code (200..599), enhanced status code enhanced ("5.1.1"; NULL: derived
+ * from the code class as "x.0.0"; only sent when ENHANCEDSTATUSCODES is on) and text
+ * (NUL-terminated; NULL: a default text; '\n' separates the lines of a multi-line reply; no
+ * other control characters but HT; at most 32 lines, each at most 400 octets, all at most
+ * 2048). The reply goes out in order after earlier replies. Meaning:
  * HELO 2xx opens the session (and resets any transaction); MAIL 2xx starts a transaction; RCPT
  * 2xx adds a recipient; DATA takes 354 (content follows) or 4xx/5xx; DATA_END any code ends the
  * transaction (under LMTP after ev.data_end.replies calls, one per recipient, each a single
@@ -465,29 +583,69 @@ SMTPE_EXTERN int smtpe_server_next_event(smtpe_server *s, smtpe_event *ev);
  * 4xx/5xx; AUTH 2xx authenticates; PROXY and XCLIENT take 220 (text replaces greeting_text in
  * the greeting) or, for PROXY, 421/5xx which closes; 3xx is allowed only for DATA (354) and
  * UNKNOWN. A 421 from the host closes the session after it is sent.
- * Returns 0, SMTPE_ERR_STATE (no event waits), SMTPE_ERR_INVALID_ARGUMENT (bad code for the
- * event, bad characters) or SMTPE_ERR_REPLY_TOO_LONG. RFC 5321 §4.2, RFC 3463. */
-SMTPE_EXTERN int smtpe_server_reply(smtpe_server *s, unsigned code, const char *enhanced,
-                                    const char *text);
+ * Returns 0, SMTPE_ERR_STATE (no taken event waits for a verdict: none was given out, it is
+ * still to be taken with next_event, or the session is closing), SMTPE_ERR_INVALID_ARGUMENT
+ * (bad code for the event, bad characters) or SMTPE_ERR_REPLY_TOO_LONG. RFC 5321 §4.2,
+ * RFC 3463. */
+SMTPE_API int smtpe_server_reply(smtpe_server *s, unsigned code, const char *enhanced,
+                                 const char *text);
 
-/* Gives the default positive verdict for the waiting event: EHLO 250 with the extensions,
- * HELO 250, MAIL 250 2.1.0, RCPT 250 2.1.5, DATA 354, DATA_END 250 2.0.0, VRFY/EXPN 252 2.5.0,
- * UNKNOWN 500 5.5.1, STARTTLS 220 2.0.0, AUTH 235 2.7.0, CHUNK_END 250 2.0.0 "<n> octets
- * received", PROXY and XCLIENT the greeting, XFORWARD 250 2.0.0. Returns 0 or SMTPE_ERR_STATE. */
-SMTPE_EXTERN int smtpe_server_accept(smtpe_server *s);
+/* Gives the default positive verdict for the oldest taken event that waits for one: EHLO 250
+ * with the extensions, HELO 250, MAIL 250 2.1.0, RCPT 250 2.1.5, DATA 354, DATA_END 250 2.0.0,
+ * VRFY/EXPN 252 2.5.0, UNKNOWN 500 5.5.1, STARTTLS 220 2.0.0, AUTH 235 2.7.0, CHUNK_END
+ * 250 2.0.0 "<n> octets received", PROXY and XCLIENT the greeting, XFORWARD 250 2.0.0.
+ * Returns 0 or SMTPE_ERR_STATE. */
+SMTPE_API int smtpe_server_accept(smtpe_server *s);
+
+/* smtpe_server_reply and smtpe_server_accept for the event whose ev.id is id, which need not
+ * be the oldest: with cfg.max_pending_verdicts = N > 1 several events of a pipelined batch
+ * (RFC 2920) may wait at once, and the host answers them in any order. With N = 1 the only
+ * event that can wait is the oldest, and these are the same as the calls without an id.
+ * The rules of concurrent verdicts:
+ *  - While a MAIL and the RCPTs after it wait for their verdicts, the engine goes on reading
+ *    the client's pipelined commands: each RCPT is handed out at once (SMTPE_EV_RCPT with its
+ *    own id), up to N commands held in all. Any other command (DATA, BDAT, RSET, QUIT, NOOP,
+ *    a second MAIL, ...) is read but not executed until every earlier verdict has been given,
+ *    and nothing after it is read meanwhile; it is then executed exactly as without
+ *    pipelining (DATA sees the recipients the verdicts accepted). Events other than MAIL and
+ *    RCPT always wait alone, as with N = 1.
+ *  - Each reply goes out only after the replies of all earlier commands (RFC 2920 §3.1), so the
+ *    client reads them in command order whatever the order of the verdicts. A reply the engine
+ *    gives itself (501 for a malformed RCPT, 452 4.5.3, ...) waits its turn too, and
+ *    max_errors counts replies in that order.
+ *  - A RCPT handed out before its MAIL's verdict belongs to that MAIL. If the MAIL is refused,
+ *    each such RCPT is answered 503 5.5.1 "Need MAIL command" at once, whatever the host says
+ *    of it, as the client would be answered without pipelining; its verdict is still owed,
+ *    returns 0 and changes nothing. (The host knows: it refused the MAIL.)
+ *  - max_recipients counts the RCPTs still waiting as accepted: a RCPT past the limit gets
+ *    452 4.5.3 (RFC 5321 §4.5.3.1.10) without an event, even if an earlier one is refused later.
+ *  - The spans of each event stay valid until that event's own verdict (the engine keeps one
+ *    line buffer per held command).
+ *  - A reply to MAIL or RCPT may take at most B octets (smtpe_server_memory_size; CRLFs
+ *    included, so one line of 512 octets always fits); a longer one gets
+ *    SMTPE_ERR_REPLY_TOO_LONG.
+ *  - smtpe_server_close, QUIT, a timeout and the error limit drop every verdict still owed;
+ *    calls for them then return SMTPE_ERR_STATE.
+ * Returns what smtpe_server_reply / smtpe_server_accept return; SMTPE_ERR_STATE also when no
+ * taken event with that id waits. RFC 2920 §3.1. */
+SMTPE_API int smtpe_server_reply_id(smtpe_server *s, uint64_t id, unsigned code,
+                                    const char *enhanced, const char *text);
+SMTPE_API int smtpe_server_accept_id(smtpe_server *s, uint64_t id);
 
 /* STARTTLS (RFC 3207 §4.2) and implicit TLS (RFC 8314). After accepting SMTPE_EV_STARTTLS the
- * session wants SMTPE_WANT_TLS: the host sends the queued 220, feeds any octets it has already
- * read (the engine consumes and discards them: they arrived before TLS and may be an injection,
- * CVE-2011-0411; their count is in stats.discarded_octets), runs the TLS handshake itself
- * (the engine keeps no timer meanwhile), and calls this function once TLS is up. The session
- * then starts afresh: no HELO, no transaction, no AUTH; STARTTLS is no longer offered. Called
- * before the session has sent any octet or read any command (after the PROXY verdict, if
- * proxy_protocol is on, since the PROXY header comes before the TLS handshake), it marks the
- * session as running under TLS from the start (port 465). now_ms restarts the command timeout.
- * Returns 0, SMTPE_ERR_INVALID_ARGUMENT or SMTPE_ERR_STATE (no handshake was asked for and the
- * session is under way, or TLS is already up). */
-SMTPE_EXTERN int smtpe_server_tls_started(smtpe_server *s, uint64_t now_ms);
+ * session wants SMTPE_WANT_TLS (with SMTPE_WANT_READ): the host sends the queued 220, feeds
+ * any octets it has already read (the engine consumes and discards them: they arrived before
+ * TLS and may be an injection, CVE-2011-0411; their count is in stats.discarded_octets),
+ * reads nothing more in clear (the next octets are the TLS handshake's), runs the TLS
+ * handshake itself (the engine keeps no timer meanwhile), and calls this function once TLS is
+ * up. The session then starts afresh: no HELO, no transaction, no AUTH; STARTTLS is no longer
+ * offered. Called before the session has sent any octet or read any command (after the PROXY
+ * verdict, if proxy_protocol is on, since the PROXY header comes before the TLS handshake), it
+ * marks the session as running under TLS from the start (port 465). now_ms restarts the
+ * command timeout. Returns 0, SMTPE_ERR_INVALID_ARGUMENT or SMTPE_ERR_STATE (no handshake was
+ * asked for and the session is under way, TLS is already up, or the 220 is not yet all
+ * acknowledged). */
+SMTPE_API int smtpe_server_tls_started(smtpe_server *s, uint64_t now_ms);
 
 /* For an SMTPE_EV_AUTH of a passed-through mechanism (mechanism_id SMTPE_SASL_OTHER): queues
  * the challenge "334 <base64 of data>" (data may be empty) instead of a verdict; the client's
@@ -495,52 +653,67 @@ SMTPE_EXTERN int smtpe_server_tls_started(smtpe_server *s, uint64_t now_ms);
  * 501 5.0.0 and the exchange ends without an event). len is at most 1536 octets.
  * Returns 0, SMTPE_ERR_STATE (no such event waits), SMTPE_ERR_INVALID_ARGUMENT or
  * SMTPE_ERR_REPLY_TOO_LONG. RFC 4954 §4. */
-SMTPE_EXTERN int smtpe_server_auth_challenge(smtpe_server *s, const uint8_t *data, size_t len);
+SMTPE_API int smtpe_server_auth_challenge(smtpe_server *s, const uint8_t *data, size_t len);
 
 /* Marks the peer as trusted (1) or not (0, the default) for XCLIENT and XFORWARD: only a
  * trusted peer sees them in the EHLO reply and may use them; others get 550 5.7.0. The mark
  * survives XCLIENT. Returns 0 or SMTPE_ERR_INVALID_ARGUMENT. */
-SMTPE_EXTERN int smtpe_server_set_trusted(smtpe_server *s, int trusted);
+SMTPE_API int smtpe_server_set_trusted(smtpe_server *s, int trusted);
 
 /* Queues a final reply (code 421 or 221 or 5xx; NULL enhanced/text as in smtpe_server_reply)
  * and makes the session want to close once output is sent; it consumes no more input. If no
- * octet has been sent yet, the reply replaces the greeting (e.g. 421 4.7.0 at connect when the
- * host is full, 554 for a refused client). A pending verdict is dropped.
+ * octet of output has been handed out by smtpe_server_send_buf yet, the reply replaces the
+ * greeting (e.g. 421 4.7.0 at connect when the host is full, 554 for a refused client). Every
+ * verdict still owed is dropped, and an event not yet taken with it.
  * Returns 0, SMTPE_ERR_STATE (already closing) or SMTPE_ERR_INVALID_ARGUMENT. */
-SMTPE_EXTERN int smtpe_server_close(smtpe_server *s, unsigned code, const char *enhanced,
-                                    const char *text);
+SMTPE_API int smtpe_server_close(smtpe_server *s, unsigned code, const char *enhanced,
+                                 const char *text);
 
-/* Output: a pointer to the queued reply octets and their count in *len (0: nothing to send).
- * Valid until the next call of any smtpe_server_* function on s other than send_buf. */
-SMTPE_EXTERN const uint8_t *smtpe_server_send_buf(smtpe_server *s, size_t *len);
+/* Output: a pointer to queued reply octets and their count in *len (NULL and 0: nothing to
+ * send). Stable output: those octets keep their address and content until they are
+ * acknowledged with smtpe_server_send_ack, whatever other calls (recv, verdicts, next_event,
+ * expiry, close) come in between, so a host may give them to an asynchronous write (libuv,
+ * io_uring) and acknowledge when it completes; new replies queue behind them. The output
+ * lives in the session's fixed reply ring, so it may be split into two runs: once the octets
+ * given are all acknowledged, the next call gives the rest (a host sends until *len is 0).
+ * Called again before acknowledging, it gives the same address with a length at least as
+ * large (the run may have grown). */
+SMTPE_API const uint8_t *smtpe_server_send_buf(smtpe_server *s, size_t *len);
 
-/* Marks n octets of smtpe_server_send_buf's output as sent. n MUST NOT exceed that length.
- * Returns 0 or SMTPE_ERR_INVALID_ARGUMENT. */
-SMTPE_EXTERN int smtpe_server_send_ack(smtpe_server *s, size_t n);
+/* Marks the first n octets of smtpe_server_send_buf's output as sent. n MUST NOT exceed the
+ * length it gave. Returns 0 or SMTPE_ERR_INVALID_ARGUMENT. */
+SMTPE_API int smtpe_server_send_ack(smtpe_server *s, size_t n);
 
-/* What the session wants now, a bitmask. */
-#define SMTPE_WANT_READ (1u << 0)  /* it would consume input */
-#define SMTPE_WANT_WRITE (1u << 1) /* output is queued */
+/* What the session wants now, a bitmask. The bits tell the whole truth: a host that takes
+ * events while SMTPE_WANT_EVENT is set, sends while SMTPE_WANT_WRITE is set and feeds octets
+ * it holds while SMTPE_WANT_READ is set, and otherwise waits (for the socket, its timer or
+ * its own verdicts), never misses work. */
+#define SMTPE_WANT_READ (1u << 0)  /* smtpe_server_recv would consume octets now: feed what you
+                                      hold; read the socket for more unless SMTPE_WANT_TLS */
+#define SMTPE_WANT_WRITE (1u << 1) /* output is queued (smtpe_server_send_buf gives octets) */
 #define SMTPE_WANT_CLOSE (1u << 2) /* the session is over: close once output is sent */
-#define SMTPE_WANT_VERDICT (1u << 3) /* an event waits for the host's verdict */
+#define SMTPE_WANT_VERDICT (1u << 3) /* a taken event waits for the host's verdict */
 #define SMTPE_WANT_EVENT (1u << 4)   /* an event waits to be taken with next_event */
 #define SMTPE_WANT_TLS (1u << 5)     /* STARTTLS accepted: send the output, feed what was
-                                        already read, run the handshake, then call
+                                        already read (SMTPE_WANT_READ is set with it: those
+                                        octets are consumed and discarded), read nothing more
+                                        in clear, run the handshake, then call
                                         smtpe_server_tls_started */
-SMTPE_EXTERN unsigned smtpe_server_want(const smtpe_server *s);
+SMTPE_API unsigned smtpe_server_want(const smtpe_server *s);
 
 /* The monotonic time in ms at which smtpe_server_handle_expiry must be called, or UINT64_MAX
- * for never (no timer while an event or a verdict is pending, or once the session is closing:
- * a host bounds how long it waits for a client to read the final reply). After a verdict it
- * returns 0 ("now") until the next smtpe_server_recv that consumes octets or
- * smtpe_server_handle_expiry call, which restarts the timeout from the time it is given, so time
- * the host spent deciding never counts against the client. */
-SMTPE_EXTERN uint64_t smtpe_server_expiry(const smtpe_server *s);
+ * for never: there is no timer while an event waits to be taken or a verdict is owed (time
+ * the host spends deciding never counts against the client), while a STARTTLS handshake is
+ * pending, or once the session is closing (a host bounds how long it waits for a client to
+ * read the final reply). now_ms is the host's monotonic clock: when a verdict was given since
+ * the engine last saw the clock, the timeout restarts from now_ms, so a host calls this
+ * whenever it arms its timer (after each round of calls) and needs no other step. */
+SMTPE_API uint64_t smtpe_server_expiry(smtpe_server *s, uint64_t now_ms);
 
 /* Tells the engine the time is now_ms. If a timeout has expired it queues 421 4.4.2, makes
- * SMTPE_EV_TIMEOUT the pending event and wants to close. Returns 1 if it expired, 0 if not.
+ * SMTPE_EV_TIMEOUT the next event and wants to close. Returns 1 if it expired, 0 if not.
  * RFC 5321 §4.5.3.2. */
-SMTPE_EXTERN int smtpe_server_handle_expiry(smtpe_server *s, uint64_t now_ms);
+SMTPE_API int smtpe_server_handle_expiry(smtpe_server *s, uint64_t now_ms);
 
 /* Session counters for logging. */
 typedef struct smtpe_server_stats {
@@ -554,7 +727,17 @@ typedef struct smtpe_server_stats {
     int tls;                 /* TLS is up (smtpe_server_tls_started) */
     int authenticated;       /* AUTH succeeded in this session (since the last TLS/XCLIENT) */
 } smtpe_server_stats;
-SMTPE_EXTERN void smtpe_server_get_stats(const smtpe_server *s, smtpe_server_stats *st);
+
+/* The layout of smtpe_server_stats in this header (see "Versions and ABI" above). */
+#define SMTPE_SERVER_STATS_V1 1
+#define SMTPE_SERVER_STATS_VERSION SMTPE_SERVER_STATS_V1
+
+/* Fills *st (laid out as stats_version says) with the session's counters. Does nothing if s
+ * or st is NULL or the version is unknown. */
+SMTPE_API void smtpe_server_get_stats_versioned(const smtpe_server *s, int stats_version,
+                                                smtpe_server_stats *st);
+#define smtpe_server_get_stats(s, st)                                                           \
+    smtpe_server_get_stats_versioned((s), SMTPE_SERVER_STATS_VERSION, (st))
 
 #ifdef __cplusplus
 }

@@ -859,15 +859,14 @@ size_t hs_sess_drain(hs_sess *s)
         if (s->failed)
             break;
         if (len == 0) {
-            /* A well-behaved host calls handle_expiry whenever expiry() says it is due (after
-             * a verdict the engine asks for the time this way to restart its timer). */
-            if (smtpe_server_expiry(s->srv) <= s->now) {
+            /* A well-behaved host calls handle_expiry whenever expiry() says it is due. */
+            if (smtpe_server_expiry(s->srv, s->now) <= s->now) {
                 int rc = smtpe_server_handle_expiry(s->srv, s->now);
                 if (rc < 0 || rc > 1) {
                     hs_sess_fail(s, "smtpe_server_handle_expiry returned %d", rc);
                     break;
                 }
-                if (smtpe_server_expiry(s->srv) <= s->now && rc == 0) {
+                if (smtpe_server_expiry(s->srv, s->now) <= s->now && rc == 0) {
                     hs_sess_fail(s, "smtpe_server_expiry stays due after handle_expiry(%llu)",
                                  (unsigned long long)s->now);
                     break;

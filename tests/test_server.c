@@ -500,7 +500,7 @@ static void test_deferred_verdicts(void **state)
         assert_int_equal(smtpe_server_recv(t.s, (const uint8_t *)in + off, n - off, t.now), 0);
         assert_int_equal(smtpe_server_recv(t.s, (const uint8_t *)in + off, 1, t.now), 0);
         assert_int_equal(smtpe_server_next_event(t.s, &ev), 0);
-        assert_int_equal(smtpe_server_expiry(t.s), UINT64_MAX);
+        assert_int_equal(smtpe_server_expiry(t.s, t.now), UINT64_MAX);
         assert_int_equal(smtpe_server_handle_expiry(t.s, t.now), 0);
         ts_expect(&t, "");
     }
@@ -537,7 +537,7 @@ static void test_deferred_verdicts(void **state)
     assert_int_equal(smtpe_server_accept(t.s), 0);
     ts_expect(&t, "550 5.1.1 No such user\r\n250 2.1.5 Ok\r\n");
     /* the timer runs again */
-    assert_true(smtpe_server_expiry(t.s) != UINT64_MAX);
+    assert_true(smtpe_server_expiry(t.s, t.now) != UINT64_MAX);
     ts_close(&t);
 }
 
@@ -671,21 +671,21 @@ static void test_command_timeout(void **state)
     ts_config(&t.cfg);
     ts_open_cfg(&t, 1000);
     ts_expect(&t, GREETING);
-    assert_int_equal(smtpe_server_expiry(t.s), 301000);
+    assert_int_equal(smtpe_server_expiry(t.s, t.now), 301000);
     assert_int_equal(smtpe_server_handle_expiry(t.s, 300999), 0);
     ts_expect(&t, "");
     /* a partial line does not restart the timer (a client dripping one octet at a time
      * still gets command_timeout_ms for the whole line); a complete line does */
     t.now = 2000;
     assert_int_equal(ts_recv(&t, "NOO"), 3);
-    assert_int_equal(smtpe_server_expiry(t.s), 301000);
+    assert_int_equal(smtpe_server_expiry(t.s, t.now), 301000);
     t.now = 3000;
     assert_int_equal(ts_recv(&t, "P\r\n"), 3);
     ts_expect(&t, "250 2.0.0 Ok\r\n");
-    assert_int_equal(smtpe_server_expiry(t.s), 303000);
+    assert_int_equal(smtpe_server_expiry(t.s, t.now), 303000);
     t.now = 4000;
     assert_int_equal(ts_recv(&t, "NOO"), 3);
-    assert_int_equal(smtpe_server_expiry(t.s), 303000);
+    assert_int_equal(smtpe_server_expiry(t.s, t.now), 303000);
     assert_int_equal(smtpe_server_handle_expiry(t.s, 302999), 0);
     ts_expect(&t, "");
     assert_int_equal(smtpe_server_handle_expiry(t.s, 303000), 1);
@@ -696,7 +696,7 @@ static void test_command_timeout(void **state)
     assert_false(smtpe_event_needs_reply(&ev));
     assert_int_equal(smtpe_server_next_event(t.s, &ev), 0);
     assert_true(smtpe_server_want(t.s) & SMTPE_WANT_CLOSE);
-    assert_int_equal(smtpe_server_expiry(t.s), UINT64_MAX);
+    assert_int_equal(smtpe_server_expiry(t.s, t.now), UINT64_MAX);
     assert_int_equal(ts_recv(&t, "P\r\n"), 0);
     ts_expect(&t, "");
     ts_close(&t);
@@ -713,7 +713,7 @@ static void test_command_timeout(void **state)
     ts_config(&t.cfg);
     t.cfg.command_timeout_ms = 0;
     ts_open_cfg(&t, 0);
-    assert_int_equal(smtpe_server_expiry(t.s), UINT64_MAX);
+    assert_int_equal(smtpe_server_expiry(t.s, t.now), UINT64_MAX);
     assert_int_equal(smtpe_server_handle_expiry(t.s, UINT64_MAX - 1), 0);
     ts_expect(&t, GREETING);
     ts_close(&t);
@@ -724,7 +724,7 @@ static void test_command_timeout(void **state)
     t.cfg.extensions &= ~SMTPE_EXT_ENHANCEDSTATUSCODES;
     t.cfg.command_timeout_ms = 600000;
     ts_open_cfg(&t, 5);
-    assert_int_equal(smtpe_server_expiry(t.s), 600005);
+    assert_int_equal(smtpe_server_expiry(t.s, t.now), 600005);
     assert_int_equal(smtpe_server_handle_expiry(t.s, 600005), 1);
     ts_expect(&t, GREETING "421 mx.example Timeout exceeded\r\n");
     ts_close(&t);
@@ -732,8 +732,9 @@ static void test_command_timeout(void **state)
 
 /* A verdict that comes later than the command timeout must not time the session out: the
  * server awaits the next command only once its reply is out (RFC 5321 §4.5.3.2.7). The host
- * learns when to call handle_expiry from smtpe_server_expiry; the session still times out one
- * command timeout later. */
+ * learns the deadline from smtpe_server_expiry, which restarts the timer from the clock it is
+ * given after a verdict (no handle_expiry "now" step, no deadline in the past); the session
+ * still times out one command timeout later. */
 static void test_timer_after_late_verdict(void **state)
 {
     (void)state;
@@ -743,21 +744,27 @@ static void test_timer_after_late_verdict(void **state)
     assert_int_equal(ts_recv(&t, "EHLO c.example\r\n"), 16);
     smtpe_event ev;
     assert_int_equal(smtpe_server_next_event(t.s, &ev), 1);
-    assert_int_equal(smtpe_server_expiry(t.s), UINT64_MAX);
+    assert_int_equal(smtpe_server_expiry(t.s, t.now), UINT64_MAX);
     const uint64_t T = 400000; /* the verdict comes after more than the 300000 ms timeout */
     assert_int_equal(smtpe_server_accept(t.s), 0);
     ts_expect(&t, EHLO_REPLY);
-    uint64_t e = smtpe_server_expiry(t.s);
-    assert_true(e != UINT64_MAX);
-    if (e <= T)
-        assert_int_equal(smtpe_server_handle_expiry(t.s, T), 0);
+    assert_int_equal(smtpe_server_expiry(t.s, T), T + 300000);
+    assert_int_equal(smtpe_server_expiry(t.s, T + 5), T + 300000); /* restarted once */
+    assert_int_equal(smtpe_server_handle_expiry(t.s, T + 299999), 0);
     ts_expect(&t, "");
-    e = smtpe_server_expiry(t.s);
-    assert_true(e > T);
-    assert_true(e <= T + 300000);
     assert_false(smtpe_server_want(t.s) & SMTPE_WANT_CLOSE);
     assert_int_equal(smtpe_server_handle_expiry(t.s, T + 300000), 1);
     ts_expect(&t, "421 4.4.2 mx.example Timeout exceeded\r\n");
+    ts_close(&t);
+
+    /* a host that calls handle_expiry first gets the same restart */
+    ts_open(&t);
+    ts_expect(&t, GREETING);
+    assert_int_equal(ts_recv(&t, "NOOP\r\nVRFY u\r\n"), 14);
+    assert_int_equal(smtpe_server_next_event(t.s, &ev), 1);
+    assert_int_equal(smtpe_server_accept(t.s), 0);
+    assert_int_equal(smtpe_server_handle_expiry(t.s, T), 0);
+    assert_int_equal(smtpe_server_expiry(t.s, T + 7), T + 300000);
     ts_close(&t);
 }
 
@@ -788,7 +795,7 @@ static void test_data_timeout(void **state)
             hs_buf_add(&content, ev.chunk.ptr, ev.chunk.len);
         }
     }
-    assert_int_equal(smtpe_server_expiry(t.s), 185000);
+    assert_int_equal(smtpe_server_expiry(t.s, t.now), 185000);
     assert_int_equal(smtpe_server_handle_expiry(t.s, 184999), 0);
     ts_expect(&t, "");
     assert_int_equal(smtpe_server_handle_expiry(t.s, 185000), 1);
@@ -911,7 +918,7 @@ static void test_close(void **state)
     ts_expect(&t, "421 4.3.2 Shutting down\r\n");
     assert_false(smtpe_server_want(t.s) & SMTPE_WANT_VERDICT);
     assert_true(smtpe_server_want(t.s) & SMTPE_WANT_CLOSE);
-    assert_int_equal(smtpe_server_expiry(t.s), UINT64_MAX);
+    assert_int_equal(smtpe_server_expiry(t.s, t.now), UINT64_MAX);
     ts_close(&t);
 
     /* a 221 close */
@@ -1098,7 +1105,7 @@ static void test_want_and_quit(void **state)
     assert_false(w & SMTPE_WANT_READ);
     assert_int_equal(ts_recv(&t, "NOOP\r\n"), 0);
     ts_expect(&t, "");
-    assert_int_equal(smtpe_server_expiry(t.s), UINT64_MAX);
+    assert_int_equal(smtpe_server_expiry(t.s, t.now), UINT64_MAX);
     ts_close(&t);
 
     /* QUIT with output not yet sent: CLOSE and WRITE together */

@@ -63,6 +63,7 @@ struct conn {
     unsigned write_needs; /* CONN_READ: the last TLS write waits for readability, else 0 */
     uint64_t start_ms;
     uint64_t out_since;   /* when the output now queued started waiting; 0: none queued */
+    uint64_t engine_due;  /* smtpe_server_expiry at the end of the last conn_on_* call */
     uint64_t hold_until;  /* --reply-delay-ms: queued output goes out at this time; 0: none */
     int held;             /* output is queued and held until hold_until */
     enum conn_greeting greeting;
@@ -178,6 +179,7 @@ struct conn *conn_new(const struct host_ctx *ctx, struct job_pool *pool, uint8_t
     c->read_needs = c->write_needs = 0;
     c->start_ms = now_ms;
     c->out_since = 0;
+    c->engine_due = UINT64_MAX;
     c->hold_until = 0;
     c->held = 0;
     c->bytes_in = c->bytes_out = 0;
@@ -232,12 +234,10 @@ static unsigned fail(struct conn *c, const char *end)
     return CONN_CLOSE;
 }
 
-static size_t pending_output(struct conn *c)
+/* Whether output is queued (asked without handing it out: see flush). */
+static int pending_output(const struct conn *c)
 {
-    size_t len;
-
-    (void)smtpe_server_send_buf(c->s, &len);
-    return len;
+    return (smtpe_server_want(c->s) & SMTPE_WANT_WRITE) != 0;
 }
 
 /* One write, in clear or through TLS. Returns the octets written (> 0), IO_AGAIN or IO_ERROR. */
@@ -276,18 +276,23 @@ static ssize_t flush(struct conn *c, uint64_t now_ms)
 
     c->held = 0;
     for (;;) {
-        const uint8_t *out = smtpe_server_send_buf(c->s, &len);
+        const uint8_t *out;
         ssize_t w;
-        if (len == 0)
+        if (!(smtpe_server_want(c->s) & SMTPE_WANT_WRITE)) {
+            len = 0;
             break;
+        }
+        /* held output is not handed out yet: a pregreet 554 may still replace the greeting */
         if (delay > 0 || c->greeting == GREETING_HELD) {
             if (c->hold_until == 0)
                 c->hold_until = now_ms + delay;
             if (now_ms < c->hold_until) {
                 c->held = 1;
+                len = 1;
                 break;
             }
         }
+        out = smtpe_server_send_buf(c->s, &len);
         w = sock_send(c, out, len);
         if (w == IO_AGAIN)
             break;
@@ -327,7 +332,7 @@ static int pump(struct conn *c, uint64_t now_ms)
     for (;;) {
         ssize_t n = 0;
         int took = 0, rc;
-        if (c->greeting == GREETING_AFTER_PROXY && pending_output(c) > 0) {
+        if (c->greeting == GREETING_AFTER_PROXY && pending_output(c)) {
             if (smtpe_server_want(c->s) & SMTPE_WANT_CLOSE) { /* refused: no greeting */
                 c->greeting = GREETING_SENT;
             } else {
@@ -392,7 +397,7 @@ static unsigned readiness(const struct conn *c, int input, int output)
 static unsigned interest(struct conn *c)
 {
     unsigned want = smtpe_server_want(c->s);
-    int pending = pending_output(c) > 0, out = pending && !c->held;
+    int pending = pending_output(c), out = pending && !c->held;
 
     if (c->eof && c->greeting == GREETING_HELD) /* gone before the greeting */
         return fail(c, "eof");
@@ -508,11 +513,9 @@ static unsigned progress(struct conn *c, uint64_t now_ms)
             host_log("error peer=%s engine: %s", c->ss.peer, smtpe_strerror(rc));
             return fail(c, "io-error");
         }
-        /* After a verdict the engine asks for handle_expiry at once (expiry 0) to restart its
-         * timer from the host's clock; doing it here spares the model a timer sweep. A real
-         * timeout that is due fires too, and its event is taken by the next pump. */
-        if (smtpe_server_expiry(c->s) <= now_ms &&
-            smtpe_server_handle_expiry(c->s, now_ms) == 1)
+        /* A timeout that is due fires here (its event is taken by the next pump); after a
+         * verdict this restarts the engine's timer from now. */
+        if (smtpe_server_handle_expiry(c->s, now_ms) == 1)
             continue;
         sent = flush(c, now_ms);
         if (sent < 0)
@@ -520,7 +523,7 @@ static unsigned progress(struct conn *c, uint64_t now_ms)
         if (sent > 0)
             continue;
         if (c->tls_state == CONN_TLS_NONE && (smtpe_server_want(c->s) & SMTPE_WANT_TLS) &&
-            pending_output(c) == 0) {
+            !pending_output(c)) {
             if (begin_tls(c, now_ms) < 0)
                 return fail(c, c->eof ? "eof" : "tls-error");
             continue;
@@ -547,12 +550,16 @@ static unsigned nomem_close(struct conn *c, uint64_t now_ms)
     session_set_end(&c->ss, "out-of-memory");
     session_abort(&c->ss);
     (void)smtpe_server_close(c->s, 421, "4.3.0", "Out of memory, closing the connection");
+    c->engine_due = UINT64_MAX; /* closing: the engine keeps no timer */
     return progress(c, now_ms);
 }
 
 static unsigned done(struct conn *c, unsigned bits, uint64_t now_ms)
 {
     size_t left = c->in_len - c->in_off;
+
+    if (!(bits & CONN_CLOSE)) /* conn_expiry's: the engine's timer from this call's clock */
+        c->engine_due = smtpe_server_expiry(c->s, now_ms);
 
     if ((bits & CONN_CLOSE) || c->in != c->scratch)
         return bits;
@@ -692,7 +699,7 @@ static uint64_t output_deadline(const struct conn *c)
 
 uint64_t conn_expiry(const struct conn *c)
 {
-    uint64_t e = smtpe_server_expiry(c->s), o = output_deadline(c);
+    uint64_t e = c->engine_due, o = output_deadline(c);
 
     if (e > o)
         e = o;
@@ -713,8 +720,7 @@ unsigned conn_on_timer(struct conn *c, uint64_t now_ms)
     }
     if (output_deadline(c) <= now_ms)
         return fail(c, "timeout");
-    if (smtpe_server_expiry(c->s) <= now_ms)
-        (void)smtpe_server_handle_expiry(c->s, now_ms);
+    (void)smtpe_server_handle_expiry(c->s, now_ms);
     return done(c, progress(c, now_ms), now_ms);
 }
 
