@@ -1125,7 +1125,7 @@ static void cmd_rcpt(smtpe_server *s, smtpe_span arg)
         reply(s, 553, "5.6.7", "Non-ASCII address requires SMTPUTF8");
         return;
     }
-    if (rcpts_counted(s) >= s->cfg->max_recipients) {
+    if (s->rcpts >= s->cfg->max_recipients) { /* (none waits: see dispatch_line) */
         reply(s, 452, "4.5.3", "Too many recipients"); /* RFC 5321 §4.5.3.1.10 */
         return;
     }
@@ -1695,14 +1695,17 @@ static void run_line(smtpe_server *s)
 }
 
 /* A whole command line has been read. With replies owed (a pipelined MAIL and its RCPTs
- * waiting for verdicts) a well-formed RCPT is executed at once; any other line waits,
- * unexecuted, until the queue is empty (resume), and nothing more is read until then. */
+ * waiting for verdicts) a well-formed RCPT is executed at once, unless it could pass
+ * max_recipients were the waiting RCPTs accepted; any other line waits, unexecuted, until the
+ * queue is empty (resume), and nothing more is read until then. So the replies are exactly
+ * those of the same verdicts given one at a time (RFC 2920 §3.1). */
 static void dispatch_line(smtpe_server *s)
 {
     smtpe_span verb, arg;
     if (s->q_len > 0 && ((s->line.flags & (SMTPE__LINE_TOO_LONG | SMTPE__LINE_BARE)) ||
                          smtpe__command_split(s->line.buf, s->line.len, &verb, &arg) !=
-                             SMTPE__VERB_RCPT)) {
+                             SMTPE__VERB_RCPT ||
+                         rcpts_counted(s) >= s->cfg->max_recipients)) {
         s->parked = 1;
         buf_set(s, s->cur, BUF_PARKED, 0);
         return;

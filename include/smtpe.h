@@ -617,8 +617,11 @@ SMTPE_API int smtpe_server_accept(smtpe_server *s);
  *    each such RCPT is answered 503 5.5.1 "Need MAIL command" at once, whatever the host says
  *    of it, as the client would be answered without pipelining; its verdict is still owed,
  *    returns 0 and changes nothing. (The host knows: it refused the MAIL.)
- *  - max_recipients counts the RCPTs still waiting as accepted: a RCPT past the limit gets
- *    452 4.5.3 (RFC 5321 §4.5.3.1.10) without an event, even if an earlier one is refused later.
+ *  - A RCPT that would pass max_recipients were the waiting RCPTs all accepted waits like
+ *    the other commands, and gets its 452 4.5.3 (RFC 5321 §4.5.3.1.10) only if they are.
+ *  - So the client gets exactly the replies it would get were the same verdicts given one at a
+ *    time: concurrent verdicts change when replies leave, never what they say (but for the
+ *    bound on reply length below).
  *  - The spans of each event stay valid until that event's own verdict (the engine keeps one
  *    line buffer per held command).
  *  - A reply to MAIL or RCPT may take at most B octets (smtpe_server_memory_size; CRLFs

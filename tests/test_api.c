@@ -654,30 +654,48 @@ static void test_concurrent_mail_refused(void **state)
     as_close(&t);
 }
 
-/* max_recipients counts the RCPTs still waiting; more get 452 4.5.3 without an event. */
+/* A RCPT that could pass max_recipients waits for the verdicts of those before it: if one of
+ * them is refused it is handed out, else it gets 452 4.5.3 (as without pipelining). */
 static void test_concurrent_recipient_limit(void **state)
 {
     (void)state;
     as t;
-    smtpe_event m, r[2];
-    memset(&t, 0, sizeof t);
-    as_open(&t, 8);
-    smtpe_server_free(t.s);
-    t.cfg.max_recipients = 2;
-    assert_int_equal(smtpe_server_new(&t.s, &t.cfg, NULL, 0), 0);
-    as_ehlo(&t);
-    as_send(&t, "MAIL FROM:<a@example.org>\r\nRCPT TO:<x@example.com>\r\nRCPT TO:<y@example.com>\r\n"
-                "RCPT TO:<z@example.com>\r\nNOOP\r\n");
-    m = as_event(&t, SMTPE_EV_MAIL);
-    r[0] = as_event(&t, SMTPE_EV_RCPT);
-    r[1] = as_event(&t, SMTPE_EV_RCPT);
-    as_no_event(&t);
-    assert_int_equal(smtpe_server_reply_id(t.s, r[0].id, 550, "5.1.1", "No such user"), 0);
-    assert_int_equal(smtpe_server_accept_id(t.s, r[1].id), 0);
-    assert_int_equal(smtpe_server_accept_id(t.s, m.id), 0);
-    as_expect(&t, "250 2.1.0 Ok\r\n550 5.1.1 No such user\r\n250 2.1.5 Ok\r\n"
-                  "452 4.5.3 Too many recipients\r\n250 2.0.0 Ok\r\n");
-    as_close(&t);
+    smtpe_event m, r[3];
+    for (int refuse = 0; refuse < 2; refuse++) {
+        memset(&t, 0, sizeof t);
+        as_open(&t, 8);
+        smtpe_server_free(t.s);
+        t.cfg.max_recipients = 2;
+        assert_int_equal(smtpe_server_new(&t.s, &t.cfg, NULL, 0), 0);
+        as_ehlo(&t);
+        as_send(&t, "MAIL FROM:<a@example.org>\r\nRCPT TO:<x@example.com>\r\n"
+                    "RCPT TO:<y@example.com>\r\nRCPT TO:<z@example.com>\r\nNOOP\r\n");
+        m = as_event(&t, SMTPE_EV_MAIL);
+        r[0] = as_event(&t, SMTPE_EV_RCPT);
+        r[1] = as_event(&t, SMTPE_EV_RCPT);
+        as_no_event(&t); /* the third RCPT waits */
+        assert_int_equal(as_left(&t), strlen("NOOP\r\n"));
+        if (refuse)
+            assert_int_equal(smtpe_server_reply_id(t.s, r[0].id, 550, "5.1.1", "No such user"),
+                             0);
+        else
+            assert_int_equal(smtpe_server_accept_id(t.s, r[0].id), 0);
+        assert_int_equal(smtpe_server_accept_id(t.s, r[1].id), 0);
+        assert_int_equal(smtpe_server_accept_id(t.s, m.id), 0);
+        if (refuse) {
+            as_expect(&t, "250 2.1.0 Ok\r\n550 5.1.1 No such user\r\n250 2.1.5 Ok\r\n");
+            r[2] = as_event(&t, SMTPE_EV_RCPT);
+            assert_true(span_is(r[2].rcpt.forward_path.mailbox, "z@example.com"));
+            assert_int_equal(smtpe_server_accept_id(t.s, r[2].id), 0);
+            as_no_event(&t);
+            as_expect(&t, "250 2.1.5 Ok\r\n250 2.0.0 Ok\r\n");
+        } else {
+            as_no_event(&t);
+            as_expect(&t, "250 2.1.0 Ok\r\n250 2.1.5 Ok\r\n250 2.1.5 Ok\r\n"
+                          "452 4.5.3 Too many recipients\r\n250 2.0.0 Ok\r\n");
+        }
+        as_close(&t);
+    }
 }
 
 /* At most max_pending_verdicts commands are held: the engine reads no further until the oldest
