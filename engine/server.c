@@ -115,6 +115,7 @@ struct smtpe_server {
     /* Commands whose reply is owed, oldest first: held[(q_head + i) % npend], i < q_len. */
     held *held;
     unsigned npend, q_head, q_len;
+    unsigned q_rcpts;            /* RCPTs in the queue that may yet be accepted */
     unsigned owed;               /* verdicts owed for events taken (voided RCPTs' included) */
     unsigned owed_void;          /* of those, for voided RCPTs (BUF_VOID buffers) */
     /* Line buffers, npend of buf_size octets; the command line being read is in cur. */
@@ -122,6 +123,7 @@ struct smtpe_server {
     uint8_t *bufs;
     size_t buf_size;
     unsigned cur;
+    unsigned nfree;              /* BUF_FREE line buffers */
     /* Output ring of out_cap octets: run A out[a_off..a_end) goes out first, then run B
      * out[0..b_end) (b_end > 0 only once a reply did not fit after A). send_buf hands out A;
      * when A is all acknowledged, B becomes A. Queued octets never move. */
@@ -364,6 +366,13 @@ static held *q_at(const smtpe_server *s, unsigned i)
     return &s->held[(s->q_head + i) % s->npend];
 }
 
+/* Whether a queued command counts against max_recipients: a RCPT waiting for its verdict or
+ * accepted by a verdict held for its turn. */
+static int q_counted(const held *q)
+{
+    return q->kind == KIND_RCPT && (q->type != SMTPE_EV_NONE || q->code / 100 == 2);
+}
+
 static held *q_push(smtpe_server *s, unsigned kind)
 {
     held *h = q_at(s, s->q_len);
@@ -376,6 +385,7 @@ static held *q_push(smtpe_server *s, unsigned kind)
 
 static void q_pop(smtpe_server *s)
 {
+    s->q_rcpts -= (unsigned)q_counted(q_at(s, 0));
     s->q_head = (s->q_head + 1) % s->npend;
     s->q_len--;
 }
@@ -387,6 +397,7 @@ static uint8_t *buf_at(const smtpe_server *s, unsigned i)
 
 static void buf_set(smtpe_server *s, unsigned i, int use, uint64_t id)
 {
+    s->nfree += (unsigned)(use == BUF_FREE) - (unsigned)(s->lbuf[i].use == BUF_FREE);
     s->lbuf[i].use = use;
     s->lbuf[i].id = id;
 }
@@ -412,6 +423,7 @@ static void raise_event(smtpe_server *s, smtpe_event_type type)
         held *q = q_push(s, kind_of(type));
         q->id = s->ev.id;
         q->type = type;
+        s->q_rcpts += (unsigned)q_counted(q);
         buf_set(s, s->cur, BUF_EVENT, s->ev.id);
     }
 }
@@ -425,6 +437,7 @@ static void drop_owed(smtpe_server *s)
     for (unsigned i = 0; i < s->npend; i++)
         buf_set(s, i, BUF_FREE, 0);
     s->q_len = 0;
+    s->q_rcpts = 0;
     s->owed = s->owed_void = 0;
     s->parked = 0;
     s->event_ready = 0;
@@ -504,26 +517,18 @@ static int input_room_ok(const smtpe_server *s)
 }
 
 /* Whether the owed replies are those of a pipelined transaction's MAIL and RCPTs, behind which
- * further command lines may be read (concurrent verdicts). */
+ * further command lines may be read (concurrent verdicts). A command is only queued behind
+ * others while this holds, so any other kind is alone: looking at the oldest is enough. */
 static int batch_open(const smtpe_server *s)
 {
-    if (s->npend == 1 || s->auth != AUTH_NONE || s->mode != MODE_COMMAND)
-        return 0;
-    for (unsigned i = 0; i < s->q_len; i++)
-        if (q_at(s, i)->kind == KIND_OTHER)
-            return 0;
-    return 1;
+    return s->npend > 1 && s->auth == AUTH_NONE && s->mode == MODE_COMMAND &&
+           (s->q_len == 0 || q_at(s, 0)->kind != KIND_OTHER);
 }
 
 /* Whether a line buffer is there for the next command line. */
 static int line_buffer_ready(const smtpe_server *s)
 {
-    if (!(s->line.flags & SMTPE__LINE_DONE) || s->lbuf[s->cur].use == BUF_FREE)
-        return 1;
-    for (unsigned i = 0; i < s->npend; i++)
-        if (s->lbuf[i].use == BUF_FREE)
-            return 1;
-    return 0;
+    return !(s->line.flags & SMTPE__LINE_DONE) || s->nfree > 0;
 }
 
 /* Starts the next command line in a free line buffer (line_buffer_ready said there is one). */
@@ -586,7 +591,8 @@ static void session_setup(smtpe_server *s, const smtpe_server_config *cfg, const
     s->bufs = base + l->bufs;
     s->buf_size = l->buf_size;
     for (unsigned i = 0; i < s->npend; i++)
-        buf_set(s, i, BUF_FREE, 0);
+        s->lbuf[i] = (linebuf){0, BUF_FREE};
+    s->nfree = s->npend;
     s->line.buf = s->bufs;
     s->line.cap = l->line_cap;
     s->out = s->bufs + (size_t)s->npend * l->buf_size;
@@ -1046,13 +1052,7 @@ static int txn_smtputf8(const smtpe_server *s)
 /* Recipients accepted, and those still waiting for their verdicts counted as accepted. */
 static unsigned rcpts_counted(const smtpe_server *s)
 {
-    unsigned n = s->rcpts;
-    for (unsigned i = 0; i < s->q_len; i++) {
-        const held *q = q_at(s, i);
-        if (q->kind == KIND_RCPT && (q->type != SMTPE_EV_NONE || q->code / 100 == 2))
-            n++;
-    }
-    return n;
+    return s->rcpts + s->q_rcpts;
 }
 
 /* §4.1.1.3: RCPT TO:<forward-path> [SP rcpt-parameters] */
@@ -2066,9 +2066,11 @@ static int hold_verdict(smtpe_server *s, held *q, unsigned code, const char *enh
     size_t n = held_format(s, q->buf, 1, code, enhanced, text);
     if (n == 0)
         return SMTPE_ERR_REPLY_TOO_LONG;
+    s->q_rcpts -= (unsigned)q_counted(q);
     q->type = SMTPE_EV_NONE;
     q->code = code;
     q->len = (uint16_t)n;
+    s->q_rcpts += (unsigned)q_counted(q);
     buf_set(s, q->buf, BUF_HELD, 0);
     s->owed--;
     s->timer_restart = 1;
