@@ -25,10 +25,9 @@ trap 'rm -rf "$tmp"' EXIT INT TERM
 status=0
 
 # The header's API: each declaration that starts a line with SMTPE_API, up to its first "(",
-# gives the identifier right before that "(" (the declaration may span lines). SMTPE_EXTERN,
-# the mark's name before release 0.2.0, counts too until the header has changed everywhere.
+# gives the identifier right before that "(" (the declaration may span lines).
 awk '
-    /^[ \t]*SMTPE_(API|EXTERN)[ \t]/ { decl = ""; open = 1 }
+    /^[ \t]*SMTPE_API[ \t]/ { decl = ""; open = 1 }
     open {
         decl = decl " " $0
         if (index(decl, "(") > 0) {
@@ -73,7 +72,8 @@ awk '
             else if (t == ":" && (prev == "global" || prev == "local")) mode = prev
             else if (node != "" && mode == "global" && t != ";" && t != "global" && t != "local") {
                 if (t ~ /[*?\[]/) {
-                    print "check_symbols: " FILENAME ": a pattern in global: of " node ": " t > "/dev/stderr"
+                    printf "check_symbols: %s: a pattern in global: of %s: %s\n", \
+                        FILENAME, node, t > "/dev/stderr"
                     bad = 1
                 }
                 else if (tok[k + 1] != ":") print t, node
