@@ -1,18 +1,20 @@
 # amalgamate.cmake - writes the single-file engine: OUTPUT_DIR/smtpe.c and OUTPUT_DIR/smtpe.h.
 #
-#   cmake -DSOURCE_DIR=<smtpe tree> -DOUTPUT_DIR=<dir> -DVERSION=<x.y.z>
+#   cmake -DOUTPUT_DIR=<dir> [-DSOURCE_DIR=<smtpe tree>] [-DVERSION=<x.y.z>]
 #         [-DSOURCES=engine/a.c,engine/b.c,...] -P engine/amalgamate.cmake
 #
-# (the build runs it as `cmake --build BUILD --target amalgamation`, passing the library's own
-# source list; without SOURCES it takes engine/*.c). smtpe.h is a copy of include/smtpe.h;
-# smtpe.c is a header comment, #include "smtpe.h", the private headers engine/*.h the sources
-# include (each after the headers it includes), then the sources in name order. Every
-# `#include "..."` of a private header or of smtpe.h becomes a comment on the same line; system
-# includes stay where they are. Each function prototype of a private header whose name starts
-# with smtpe__ (at the start of a line, e.g. `size_t smtpe__reply_format(`) gets SMTPE__PRIVATE
-# in front, which smtpe.c defines as `static` unless it is already defined: so only the public
-# API has external linkage (a definition without `static` after a static declaration has
-# internal linkage, C11 6.2.2p5). A test build that links the engine's unit tests to the
+# The build runs it as `cmake --build BUILD --target amalgamation`, passing the library's own
+# source list; run by hand, SOURCE_DIR defaults to the tree the script is in, VERSION to the
+# one project() gives in its CMakeLists.txt, and SOURCES to engine/*.c.
+#
+# smtpe.h is a copy of include/smtpe.h; smtpe.c is a header comment, #include "smtpe.h", the
+# private headers engine/*.h the sources include (each after the headers it includes), then the
+# sources in name order. Every `#include "..."` of a private header or of smtpe.h becomes a
+# comment on the same line; system includes stay where they are. Each function prototype of a
+# private header whose name starts with smtpe__ (at the start of a line, e.g.
+# `size_t smtpe__reply_format(`) gets SMTPE__PRIVATE in front, which smtpe.c defines as
+# `static` unless it is already defined: so only the public API has external linkage (a
+# definition without `static` after a static declaration has internal linkage, C11 6.2.2p5). A test build that links the engine's unit tests to the
 # internal functions compiles smtpe.c with -DSMTPE__PRIVATE= (CMake: SMTPE_TEST_AMALGAMATION).
 #
 # It stops with an error, rather than write a file that may mean something else than the
@@ -21,12 +23,21 @@
 # not #undef) is used as an identifier, or defined again, in a source that comes after it.
 cmake_minimum_required(VERSION 3.18)
 
-foreach(v SOURCE_DIR OUTPUT_DIR VERSION)
-  if(NOT DEFINED ${v})
-    message(FATAL_ERROR "amalgamate.cmake: -D${v}=... is required")
-  endif()
-endforeach()
+if(NOT DEFINED OUTPUT_DIR)
+  message(FATAL_ERROR "amalgamate.cmake: -DOUTPUT_DIR=... is required")
+endif()
+if(NOT DEFINED SOURCE_DIR)
+  get_filename_component(SOURCE_DIR "${CMAKE_CURRENT_LIST_DIR}/.." ABSOLUTE)
+endif()
 get_filename_component(SOURCE_DIR "${SOURCE_DIR}" ABSOLUTE)
+if(NOT DEFINED VERSION)
+  file(READ "${SOURCE_DIR}/CMakeLists.txt" top)
+  if(NOT top MATCHES "project\\(smtpe[ \t\r\n]+VERSION[ \t\r\n]+([0-9.]+)")
+    message(FATAL_ERROR "amalgamate.cmake: no project(smtpe VERSION ...) in "
+                        "${SOURCE_DIR}/CMakeLists.txt; give -DVERSION=...")
+  endif()
+  set(VERSION "${CMAKE_MATCH_1}")
+endif()
 set(engine_dir "${SOURCE_DIR}/engine")
 
 # The sources, as paths relative to SOURCE_DIR, in name order.

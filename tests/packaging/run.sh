@@ -81,13 +81,15 @@ expect_files() {
     want=$(printf '%s\n' "$@" | LC_ALL=C sort)
     if [[ "$have" != "$want" ]]; then
         echo "packaging: $dir holds:" >&2
-        diff <(echo "$want") <(echo "$have") | sed -n 's/^</  missing: /p; s/^>/  unexpected: /p' >&2
+        diff <(echo "$want") <(echo "$have") |
+            sed -n 's/^</  missing: /p; s/^>/  unexpected: /p' >&2
         fail "unexpected installed files in $dir"
     fi
 }
 
 VERSION=$(sed -n 's/^CMAKE_PROJECT_VERSION:[A-Z]*=//p' "$BUILD/CMakeCache.txt")
-[[ -n "$VERSION" ]] || VERSION=$(sed -n 's/^project(smtpe VERSION \([0-9.]*\).*/\1/p' "$ROOT/CMakeLists.txt")
+[[ -n "$VERSION" ]] ||
+    VERSION=$(sed -n 's/^project(smtpe VERSION \([0-9.]*\).*/\1/p' "$ROOT/CMakeLists.txt")
 ABI=$(sed -n 's/^set(SMTPE_ABI_VERSION \([0-9]*\)).*/\1/p' "$ROOT/CMakeLists.txt")
 [[ -n "$VERSION" && -n "$ABI" ]] || fail "cannot read the version from $ROOT/CMakeLists.txt"
 echo "packaging: smtpe $VERSION, ABI $ABI, from $BUILD, in $TMP"
@@ -115,7 +117,8 @@ expect_files "$PREFIX" include/smtpe.h "${SERVER[@]}" \
     "$LIBREL/libsmtpe.so.$VERSION" "$LIBREL/pkgconfig/smtpe.pc" \
     "$LIBREL/cmake/smtpe/smtpeConfig.cmake" "$LIBREL/cmake/smtpe/smtpeConfigVersion.cmake" \
     "$LIBREL/cmake/smtpe/smtpeTargets.cmake" "${CONFIG_FILES[@]}"
-[[ "$(readlink "$LIBDIR/libsmtpe.so")" == "libsmtpe.so.$ABI" ]] || fail "libsmtpe.so is not a link to libsmtpe.so.$ABI"
+[[ "$(readlink "$LIBDIR/libsmtpe.so")" == "libsmtpe.so.$ABI" ]] ||
+    fail "libsmtpe.so is not a link to libsmtpe.so.$ABI"
 soname=$(readelf -d "$LIBDIR/libsmtpe.so.$VERSION" | sed -n 's/.*(SONAME).*\[\(.*\)\].*/\1/p')
 [[ "$soname" == "libsmtpe.so.$ABI" ]] || fail "the soname of libsmtpe.so.$VERSION is '$soname'"
 cmp -s "$PREFIX/include/smtpe.h" "$ROOT/include/smtpe.h" || fail "the installed smtpe.h differs"
@@ -136,7 +139,8 @@ cp "$HERE/consumer.c" "$TMP/pc/"
 # shellcheck disable=SC2046 # pkg-config's output is meant to be split into words
 "$CC" "${CFLAGS_STRICT[@]}" "$TMP/pc/consumer.c" $(pkg-config --cflags --libs smtpe) \
     -o "$TMP/pc/consumer-shared"
-needs "$TMP/pc/consumer-shared" "libsmtpe.so.$ABI" || fail "consumer-shared does not need libsmtpe.so.$ABI"
+needs "$TMP/pc/consumer-shared" "libsmtpe.so.$ABI" ||
+    fail "consumer-shared does not need libsmtpe.so.$ABI"
 consumer "pkg-config, shared" LD_LIBRARY_PATH="$LIBDIR" "$TMP/pc/consumer-shared"
 # shellcheck disable=SC2046
 "$CC" "${CFLAGS_STRICT[@]}" "$TMP/pc/consumer.c" $(pkg-config --cflags smtpe) -static \
@@ -157,8 +161,10 @@ cmake --build "$TMP/fp" -j "$JOBS" >"$TMP/fp-build.log" || {
     cat "$TMP/fp-build.log"
     fail "building tests/packaging/find_package"
 }
-needs "$TMP/fp/consumer_shared" "libsmtpe.so.$ABI" || fail "consumer_shared does not need libsmtpe.so.$ABI"
-! needs "$TMP/fp/consumer_static" "libsmtpe.so.$ABI" || fail "consumer_static needs libsmtpe.so.$ABI"
+needs "$TMP/fp/consumer_shared" "libsmtpe.so.$ABI" ||
+    fail "consumer_shared does not need libsmtpe.so.$ABI"
+! needs "$TMP/fp/consumer_static" "libsmtpe.so.$ABI" ||
+    fail "consumer_static needs libsmtpe.so.$ABI"
 # the build tree's RPATH points at the prefix's library: no LD_LIBRARY_PATH
 loads=$(ldd "$TMP/fp/consumer_shared")
 [[ "$loads" == *"$LIBDIR/libsmtpe.so.$ABI "* ]] || fail "consumer_shared does not load $LIBDIR/libsmtpe.so.$ABI"
