@@ -4,12 +4,13 @@
 # benchmark's). Idempotent; runs as root or through sudo. Usage: tests/deps.sh [PACKAGE...]
 set -euo pipefail
 
+# abigail-tools: abidw/abidiff, the ABI check against tests/abi/libsmtpe.abi (ctest abi_baseline).
 # gnuplot-nox: the plot of tests/bench/run.sh (its --smoke runs in ctest).
 # valgrind: the integration suites under memcheck (ctest -L long: valgrind_*).
 # libssl-dev, libcrypt-dev: STARTTLS and AUTH in smtpe-server. openssl (certificates, password
 # hashes), haproxy (PROXY protocol) and libnet-ssleay-perl (swaks --tls): integration tests.
 PACKAGES=(build-essential cmake pkg-config clang libclang-rt-14-dev libcmocka-dev python3 swaks curl
-    libssl-dev libcrypt-dev openssl haproxy libnet-ssleay-perl gnuplot-nox valgrind "$@")
+    libssl-dev libcrypt-dev openssl haproxy libnet-ssleay-perl gnuplot-nox valgrind abigail-tools "$@")
 
 if ! command -v dpkg-query >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1; then
     echo "deps.sh: not a Debian-like system (no dpkg-query/apt-get); install these yourself:" >&2
