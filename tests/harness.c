@@ -392,7 +392,7 @@ static int format_proxy(hs_buf *out, const smtpe_proxy_info *p, hs_buf *err)
     return 0;
 }
 
-int hs_format_event(hs_buf *out, const smtpe_event *ev, hs_buf *err)
+static int format_event_body(hs_buf *out, const smtpe_event *ev, hs_buf *err)
 {
     switch (ev->type) {
     case SMTPE_EV_HELO:
@@ -570,6 +570,17 @@ int hs_format_event(hs_buf *out, const smtpe_event *ev, hs_buf *err)
     }
 }
 
+int hs_format_event(hs_buf *out, const smtpe_event *ev, hs_buf *err)
+{
+    if (format_event_body(out, ev, err) < 0)
+        return -1;
+    if (ev->abandoned == 1)
+        hs_buf_adds(out, " abandoned");
+    else if (ev->abandoned != 0)
+        hs_buf_addf(out, " abandoned=%d", ev->abandoned);
+    return 0;
+}
+
 /* ---- splitting --------------------------------------------------------------------------- */
 
 uint64_t hs_hash(const char *s)
@@ -680,6 +691,25 @@ void hs_sess_flush_content(hs_sess *s)
     s->in_content = 0;
 }
 
+/* The size of the session's output ring as smtpe.h gives it (smtpe_server_memory_size): O + L
+ * with O = max(reply_buffer_size, R + 600) + (N - 1) * B, R = max(2560, E), E the EHLO reply's
+ * bound, B one command line buffer (max_line_length - 2, at least 512 when N > 1) and L the
+ * LMTP room of 512 octets per recipient. No run of output can be longer. */
+static size_t reply_ring_size(const smtpe_server_config *c)
+{
+    size_t n = c->max_pending_verdicts ? c->max_pending_verdicts : 1;
+    size_t b = c->max_line_length - 2;
+    if (n > 1 && b < 512)
+        b = 512;
+    size_t e = 1100 + (c->auth_mechanisms ? strlen(c->auth_mechanisms) : 0);
+    for (size_t i = 0; i < c->ehlo_extra_count; i++)
+        e += 6 + strlen(c->ehlo_extra[i]);
+    size_t r = e > 2560 ? e : 2560;
+    size_t o = c->reply_buffer_size > r + 600 ? c->reply_buffer_size : r + 600;
+    o += (n - 1) * b;
+    return o + (c->lmtp ? 512 * (size_t)c->max_recipients : 0);
+}
+
 /* Takes the queued output into s->out. Returns the octets taken, 0 when there were none or on
  * a failure (s->failed). */
 static size_t take_output(hs_sess *s)
@@ -692,9 +722,17 @@ static size_t take_output(hs_sess *s)
         hs_sess_fail(s, "smtpe_server_send_buf gave NULL with length %zu", len);
         return 0;
     }
-    if (len > s->cfg->reply_buffer_size)
-        hs_sess_fail(s, "smtpe_server_send_buf gave %zu octets, more than reply_buffer_size",
-                     len);
+    /* stable output: called again before the ack, the same address, at least as long */
+    size_t len2 = 0;
+    const uint8_t *p2 = smtpe_server_send_buf(s->srv, &len2);
+    if (p2 != p || len2 < len) {
+        hs_sess_fail(s, "smtpe_server_send_buf called twice gave %p/%zu, then %p/%zu",
+                     (const void *)p, len, (const void *)p2, len2);
+        return 0;
+    }
+    if (len > reply_ring_size(s->cfg))
+        hs_sess_fail(s, "smtpe_server_send_buf gave %zu octets, more than the reply ring holds "
+                        "(%zu, smtpe_server_memory_size in smtpe.h)", len, reply_ring_size(s->cfg));
     hs_buf_add(&s->out, p, len);
     int rc = smtpe_server_send_ack(s->srv, len);
     if (rc != 0) {
@@ -902,12 +940,24 @@ size_t hs_sess_feed(hs_sess *s, const uint8_t *p, size_t n, hs_splitter *sp)
         s->consumed += (uint64_t)r;
         size_t happened = hs_sess_drain(s);
         if (r == 0 && happened == 0) {
-            if (smtpe_server_want(s->srv) & SMTPE_WANT_CLOSE)
+            unsigned want = smtpe_server_want(s->srv);
+            if (want & SMTPE_WANT_READ) {
+                /* smtpe.h: recv never returns 0 without progress while want() says READ */
+                hs_sess_fail(s,
+                             "smtpe_server_recv consumed nothing of %zu octets and made no "
+                             "progress although want() says SMTPE_WANT_READ (want=0x%x)",
+                             k, want);
+                break;
+            }
+            if (want & SMTPE_WANT_CLOSE)
                 break; /* the session is over; the rest of the input is never read */
+            if ((want & SMTPE_WANT_VERDICT) && s->holding > 0)
+                break; /* concurrent verdicts: it reads no further until the host gives those
+                          it holds; the caller feeds the rest again after them */
             hs_sess_fail(s,
                          "smtpe_server_recv consumed nothing of %zu octets although no event, "
                          "verdict or output was pending (want=0x%x)",
-                         k, smtpe_server_want(s->srv));
+                         k, want);
             break;
         }
         if (s->alloc.allocs != 1) {
@@ -1075,6 +1125,8 @@ static int apply_config(hs_script *sc, const char *key, const char *val, hs_buf 
         c->proxy_protocol = (int)v;
     else if (strcmp(key, "trusted") == 0)
         sc->trusted = (int)v;
+    else if (strcmp(key, "max_pending_verdicts") == 0)
+        c->max_pending_verdicts = (unsigned)v;
     else {
         hs_buf_addf(err, "unknown setting @%s", key);
         return -1;
@@ -1090,7 +1142,9 @@ static const struct {
                   {"E:", HS_L_EVENT, 1},    {"H:", HS_L_HOST, 1},    {"CLOSE:", HS_L_CLOSE, 1},
                   {"TIME", HS_L_TIME, 1},   {"SILENT", HS_L_SILENT, 0},
                   {"CLOSED", HS_L_CLOSED, 0}, {"OPEN", HS_L_OPEN, 0},
-                  {"TLS", HS_L_TLS, 0},     {"DISCARDED", HS_L_DISCARDED, 1}};
+                  {"TLS", HS_L_TLS, 0},     {"DISCARDED", HS_L_DISCARDED, 1},
+                  {"HOLD", HS_L_HOLD, 1},   {"V:", HS_L_VERDICT, 1},
+                  {"NOEVENT", HS_L_NOEVENT, 0}, {"UNREAD", HS_L_UNREAD, 1}};
 
 int hs_script_load(hs_script *sc, const char *path, hs_buf *err)
 {
@@ -1163,7 +1217,7 @@ int hs_script_load(hs_script *sc, const char *path, hs_buf *err)
             break;
         }
         seen_action = 1;
-        if (kind == HS_L_EVENT)
+        if (kind == HS_L_EVENT || kind == HS_L_NOEVENT)
             sc->has_events = 1;
         sc->lines = xrealloc(sc->lines, (sc->n + 1) * sizeof *sc->lines);
         sc->lines[sc->n].kind = kind;
@@ -1329,11 +1383,35 @@ static int parse_verdict(const char *s, verdict *v)
     return 0;
 }
 
+/* One entry of the host's verdict plan, in event order: an H: line, or one event of a HOLD
+ * line. */
+typedef struct qitem {
+    const hs_line *l;
+    int hold;
+} qitem;
+
+#define HS_HELD_SPANS (5 + 2 * SMTPE_MAX_PARAMS)
+
+/* An event the host took and holds without a verdict (HOLD) until its V: lines. */
+typedef struct held_ev {
+    smtpe_event ev;      /* as taken: its spans point into engine memory */
+    hs_buf text;         /* its E: text when taken */
+    smtpe_span spans[HS_HELD_SPANS]; /* every span of the event */
+    size_t nspans;
+    hs_buf copy;         /* the spans' octets when taken, one after another */
+    unsigned left;       /* verdicts still owed: 1, under LMTP one per recipient for DATA_END */
+    const hs_line *hold; /* the HOLD line that held it */
+} held_ev;
+
 typedef struct runner {
     const hs_script *sc;
     hs_sess sess;
-    size_t *queue;    /* indices of H: lines not yet used */
-    size_t qhead, qlen;
+    qitem *queue;     /* the verdict plan: H: lines and HOLD events not yet used */
+    size_t qhead, qlen, qcap;
+    held_ev *held;    /* the events of this round of holding, in the order taken (V: k names
+                         held[k-1]); a round starts when an event is held while none waits */
+    size_t nheld, heldcap;
+    size_t held_open; /* held events whose verdicts are still owed */
     size_t out_pos;   /* output octets matched so far */
     size_t ev_pos;    /* events matched so far */
     hs_buf pending;   /* client octets not yet consumed */
@@ -1361,22 +1439,158 @@ static void rfail(runner *r, const hs_line *l, const char *fmt, ...)
                 hs_mode_name(r->mode), tmp);
 }
 
-/* Gives one verdict: the next queued H: line, or smtpe_server_accept when none is queued. */
-static int apply_one_verdict(runner *r, hs_sess *s)
+static void queue_push(runner *r, const hs_line *l, int hold)
 {
-    if (r->qhead == r->qlen)
-        return smtpe_server_accept(s->srv) == 0 ? 0 : (hs_sess_fail(s, "accept failed"), -1);
-    const hs_line *l = &r->sc->lines[r->queue[r->qhead++]];
+    if (r->qlen == r->qcap) {
+        r->qcap = r->qcap ? r->qcap * 2 : 16;
+        r->queue = xrealloc(r->queue, r->qcap * sizeof *r->queue);
+    }
+    r->queue[r->qlen].l = l;
+    r->queue[r->qlen].hold = hold;
+    r->qlen++;
+}
+
+/* Every span of an event (those the engine promises stay valid until its verdict), into sp
+ * (room for HS_HELD_SPANS). Returns their count. */
+static size_t event_spans(const smtpe_event *ev, smtpe_span *sp)
+{
+    size_t n = 0;
+    const smtpe_param *params = NULL;
+    size_t np = 0;
+    switch (ev->type) {
+    case SMTPE_EV_HELO: sp[n++] = ev->helo.domain; break;
+    case SMTPE_EV_MAIL:
+        sp[n++] = ev->mail.reverse_path.mailbox;
+        sp[n++] = ev->mail.reverse_path.local_part;
+        sp[n++] = ev->mail.reverse_path.domain;
+        sp[n++] = ev->mail.envid;
+        sp[n++] = ev->mail.auth;
+        params = ev->mail.params;
+        np = ev->mail.param_count;
+        break;
+    case SMTPE_EV_RCPT:
+        sp[n++] = ev->rcpt.forward_path.mailbox;
+        sp[n++] = ev->rcpt.forward_path.local_part;
+        sp[n++] = ev->rcpt.forward_path.domain;
+        sp[n++] = ev->rcpt.orcpt_type;
+        sp[n++] = ev->rcpt.orcpt;
+        params = ev->rcpt.params;
+        np = ev->rcpt.param_count;
+        break;
+    case SMTPE_EV_VRFY:
+    case SMTPE_EV_EXPN:
+    case SMTPE_EV_UNKNOWN:
+        sp[n++] = ev->command.verb;
+        sp[n++] = ev->command.argument;
+        break;
+    case SMTPE_EV_AUTH:
+        sp[n++] = ev->auth.mechanism;
+        sp[n++] = ev->auth.authzid;
+        sp[n++] = ev->auth.authcid;
+        sp[n++] = ev->auth.password;
+        sp[n++] = ev->auth.response;
+        break;
+    case SMTPE_EV_PROXY: sp[n++] = ev->proxy.tlvs; break;
+    case SMTPE_EV_XCLIENT:
+    case SMTPE_EV_XFORWARD:
+        params = ev->xclient.attrs;
+        np = ev->xclient.count;
+        break;
+    default: break;
+    }
+    for (size_t i = 0; i < np && i < SMTPE_MAX_PARAMS; i++) {
+        sp[n++] = params[i].keyword;
+        sp[n++] = params[i].value;
+    }
+    return n;
+}
+
+/* The host takes ev and holds it without a verdict (HOLD): keeps its id, its E: text and a copy
+ * of its spans' octets, to check them at its V: lines. */
+static void hold_event(runner *r, const smtpe_event *ev, unsigned verdicts, const hs_line *l)
+{
+    if (r->held_open == 0) {
+        /* a new round: held events are numbered from 1 again */
+        for (size_t i = 0; i < r->nheld; i++) {
+            hs_buf_free(&r->held[i].text);
+            hs_buf_free(&r->held[i].copy);
+        }
+        r->nheld = 0;
+    }
+    if (r->nheld == r->heldcap) {
+        r->heldcap = r->heldcap ? r->heldcap * 2 : 8;
+        r->held = xrealloc(r->held, r->heldcap * sizeof *r->held);
+    }
+    held_ev *h = &r->held[r->nheld++];
+    memset(h, 0, sizeof *h);
+    h->ev = *ev;
+    hs_buf err = {0};
+    (void)hs_format_event(&h->text, ev, &err); /* a bad event already failed handle_event */
+    hs_buf_free(&err);
+    h->nspans = event_spans(ev, h->spans);
+    for (size_t i = 0; i < h->nspans; i++)
+        if (h->spans[i].len)
+            hs_buf_add(&h->copy, h->spans[i].ptr, h->spans[i].len);
+    h->left = verdicts;
+    h->hold = l;
+    r->held_open++;
+    r->sess.holding = r->held_open;
+}
+
+/* 1 if every span of h still holds the octets it held when the event was taken. */
+static int held_spans_intact(const held_ev *h)
+{
+    size_t off = 0;
+    for (size_t i = 0; i < h->nspans; i++) {
+        const smtpe_span *sp = &h->spans[i];
+        if (sp->len == 0)
+            continue;
+        if (off + sp->len > h->copy.len || memcmp(sp->ptr, h->copy.p + off, sp->len) != 0)
+            return 0;
+        off += sp->len;
+    }
+    return 1;
+}
+
+/* Gives verdict v for the event id: by id (smtpe_server_reply_id, smtpe_server_accept_id), or
+ * with by_id 0 for the oldest waiting event (smtpe_server_reply, smtpe_server_accept). A
+ * challenge is always for the oldest (smtpe_server_auth_challenge has no id). */
+static int give_verdict(smtpe_server *srv, verdict *v, uint64_t id, int by_id)
+{
+    const char *enh = v->has_enh ? v->enh : NULL;
+    if (v->accept)
+        return by_id ? smtpe_server_accept_id(srv, id) : smtpe_server_accept(srv);
+    if (v->challenge)
+        return smtpe_server_auth_challenge(srv, v->text.p, v->text.len);
+    const char *text = v->has_text ? hs_buf_cstr(&v->text) : NULL;
+    return by_id ? smtpe_server_reply_id(srv, id, v->code, enh, text)
+                 : smtpe_server_reply(srv, v->code, enh, text);
+}
+
+/* Gives one verdict for ev: the next queued H: line, or accept when none is queued. While the
+ * host holds events (HOLD) it names ev by its id, since ev is then not the oldest that waits;
+ * otherwise it uses the calls without an id, as a host with one verdict at a time does. */
+static int apply_one_verdict(runner *r, hs_sess *s, const smtpe_event *ev)
+{
+    int by_id = r->held_open > 0;
     verdict v;
+    if (r->qhead == r->qlen) {
+        memset(&v, 0, sizeof v);
+        v.accept = 1;
+        int rc = give_verdict(s->srv, &v, ev->id, by_id);
+        if (rc != 0) {
+            hs_sess_fail(s, "accept failed: %d (%s)", rc, smtpe_strerror(rc));
+            return -1;
+        }
+        return 0;
+    }
+    const hs_line *l = r->queue[r->qhead++].l;
     if (parse_verdict(l->text, &v) < 0) {
         hs_buf_free(&v.text);
         hs_sess_fail(s, "line %d: cannot parse H: verdict", l->lineno);
         return -1;
     }
-    int rc = v.accept      ? smtpe_server_accept(s->srv)
-             : v.challenge ? smtpe_server_auth_challenge(s->srv, v.text.p, v.text.len)
-                           : smtpe_server_reply(s->srv, v.code, v.has_enh ? v.enh : NULL,
-                                                v.has_text ? hs_buf_cstr(&v.text) : NULL);
+    int rc = give_verdict(s->srv, &v, ev->id, by_id);
     hs_buf_free(&v.text);
     if (rc != 0) {
         hs_sess_fail(s, "line %d: the engine refused the H: verdict: %d (%s)", l->lineno, rc,
@@ -1393,9 +1607,20 @@ static int apply_verdict(hs_sess *s, const smtpe_event *ev, void *ud)
     unsigned n = ev->type == SMTPE_EV_DATA_END && ev->data_end.replies > 1
                      ? ev->data_end.replies
                      : 1;
-    for (unsigned i = 0; i < n && (smtpe_server_want(s->srv) & SMTPE_WANT_VERDICT); i++)
-        if (apply_one_verdict(r, s) < 0) /* a 421 ends the series early */
+    if (r->qhead < r->qlen && r->queue[r->qhead].hold) {
+        hold_event(r, ev, n, r->queue[r->qhead++].l);
+        return 0;
+    }
+    for (unsigned i = 0; i < n && (smtpe_server_want(s->srv) & SMTPE_WANT_VERDICT); i++) {
+        if (r->qhead < r->qlen && r->queue[r->qhead].hold) {
+            hs_sess_fail(s, "line %d: HOLD reached in the middle of the %u verdicts of an "
+                            "LMTP DATA_END (hold the whole event instead)",
+                         r->queue[r->qhead].l->lineno, n);
             return -1;
+        }
+        if (apply_one_verdict(r, s, ev) < 0) /* a 421 ends the series early */
+            return -1;
+    }
     return 0;
 }
 
@@ -1490,6 +1715,112 @@ static int glob_match(const char *pat, const uint8_t *s, size_t n)
     return ok;
 }
 
+/* The error codes a V: line may expect instead of success: "!STATE" and so on. */
+static const struct {
+    const char *name;
+    int code;
+} verdict_errors[] = {{"STATE", SMTPE_ERR_STATE},
+                      {"INVALID", SMTPE_ERR_INVALID_ARGUMENT},
+                      {"TOO_LONG", SMTPE_ERR_REPLY_TOO_LONG}};
+
+static const char *verdict_error_name(int code)
+{
+    for (size_t i = 0; i < sizeof verdict_errors / sizeof verdict_errors[0]; i++)
+        if (verdict_errors[i].code == code)
+            return verdict_errors[i].name;
+    return "0";
+}
+
+/* V: k [!ERR] verdict: the host's verdict for the k-th held event, by its id, once the client
+ * octets sent before it are fed. Unless an error is expected, the event's spans must still hold
+ * the octets they held when it was taken. Then the pending client octets are fed again (the
+ * engine may read on now). */
+static void step_verdict(runner *r, const hs_line *l)
+{
+    pump(r, l);
+    if (r->failed)
+        return;
+    const char *t = l->text;
+    char *end = NULL;
+    unsigned long k = strtoul(t, &end, 10);
+    if (end == t || (*end != ' ' && *end != 0) || k == 0) {
+        rfail(r, l, "V: needs the number of a held event (1, 2, ...), then a verdict");
+        return;
+    }
+    t = *end ? end + 1 : end;
+    int expect = 0;
+    if (*t == '!') {
+        const char *sp = strchr(t, ' ');
+        size_t n = sp ? (size_t)(sp - t - 1) : strlen(t + 1);
+        int found = 0;
+        for (size_t i = 0; i < sizeof verdict_errors / sizeof verdict_errors[0]; i++)
+            if (strlen(verdict_errors[i].name) == n &&
+                strncmp(t + 1, verdict_errors[i].name, n) == 0) {
+                expect = verdict_errors[i].code;
+                found = 1;
+            }
+        if (!found) {
+            rfail(r, l, "V: expects !STATE, !INVALID or !TOO_LONG, not \"%.*s\"", (int)n, t);
+            return;
+        }
+        t = sp ? sp + 1 : t + 1 + n;
+    }
+    verdict v;
+    if (parse_verdict(t, &v) < 0) {
+        hs_buf_free(&v.text);
+        rfail(r, l, "cannot parse verdict \"%s\"", t);
+        return;
+    }
+    if (k > r->nheld) {
+        hs_buf_free(&v.text);
+        rfail(r, l, "V: %lu, but only %zu event(s) are held so far", k, r->nheld);
+        return;
+    }
+    held_ev *h = &r->held[k - 1];
+    if (expect == 0 && h->left == 0) {
+        hs_buf_free(&v.text);
+        rfail(r, l, "held event %lu (E: %s) has had its verdicts already (V: %lu !STATE ... "
+                    "checks that another is refused)", k, hs_buf_cstr(&h->text), k);
+        return;
+    }
+    if (expect == 0 && !held_spans_intact(h)) {
+        hs_buf now = {0}, err = {0}, d = {0};
+        if (hs_format_event(&now, &h->ev, &err) < 0)
+            hs_buf_add(&d, err.p, err.len);
+        else
+            hs_escape(&d, now.p, now.len);
+        hs_buf_free(&v.text);
+        rfail(r, l, "the spans of held event %lu changed before its verdict\n"
+                    "    when taken: E: %s\n    now:        E: %s",
+              k, hs_buf_cstr(&h->text), hs_buf_cstr(&d));
+        hs_buf_free(&now);
+        hs_buf_free(&err);
+        hs_buf_free(&d);
+        return;
+    }
+    if (v.challenge && h->ev.type != SMTPE_EV_AUTH) {
+        hs_buf_free(&v.text);
+        rfail(r, l, "V: %lu challenge, but held event %lu is not AUTH", k, k);
+        return;
+    }
+    int rc = give_verdict(r->sess.srv, &v, h->ev.id, 1);
+    hs_buf_free(&v.text);
+    if (rc != expect) {
+        rfail(r, l, "the verdict for held event %lu (id %llu, E: %s) returned %d (%s), "
+                    "expected %s", k, (unsigned long long)h->ev.id, hs_buf_cstr(&h->text), rc,
+              smtpe_strerror(rc), expect ? verdict_error_name(expect) : "0");
+        return;
+    }
+    if (h->left > 0 &&
+        (rc == 0 ? --h->left == 0 || (smtpe_server_want(r->sess.srv) & SMTPE_WANT_CLOSE)
+                 : rc == SMTPE_ERR_STATE)) {
+        h->left = 0; /* done: all its verdicts given, a 421 closed, or none is owed any more */
+        r->held_open--;
+        r->sess.holding = r->held_open;
+    }
+    pump(r, l);
+}
+
 static void step(runner *r, const hs_line *l)
 {
     hs_buf tmp = {0}, d1 = {0}, d2 = {0};
@@ -1506,7 +1837,45 @@ static void step(runner *r, const hs_line *l)
         if (parse_verdict(l->text, &v) < 0)
             rfail(r, l, "cannot parse verdict \"%s\"", l->text);
         hs_buf_free(&v.text);
-        r->queue[r->qlen++] = (size_t)(l - r->sc->lines);
+        queue_push(r, l, 0);
+        break;
+    }
+    case HS_L_HOLD: {
+        uint64_t n = 0;
+        if (parse_u64(l->text, &n) < 0 || n == 0 || n > 100000) {
+            rfail(r, l, "HOLD needs a number of events (1 or more)");
+            break;
+        }
+        for (uint64_t i = 0; i < n; i++)
+            queue_push(r, l, 1);
+        break;
+    }
+    case HS_L_VERDICT:
+        step_verdict(r, l);
+        break;
+    case HS_L_NOEVENT:
+        pump(r, l);
+        if (!r->failed && r->ev_pos < r->sess.log.n) {
+            const hs_buf *ev = &r->sess.log.items[r->ev_pos];
+            hs_escape(&d1, ev->p, ev->len);
+            rfail(r, l, "expected no further event, but the host took E: %s", hs_buf_cstr(&d1));
+        }
+        break;
+    case HS_L_UNREAD: {
+        pump(r, l);
+        if (r->failed)
+            break;
+        uint64_t want = 0;
+        if (parse_u64(l->text, &want) < 0) {
+            rfail(r, l, "UNREAD needs a number of octets");
+            break;
+        }
+        size_t left = r->pending.len - r->pend_off;
+        if (left != want) {
+            hs_escape(&d1, r->pending.p + r->pend_off, left);
+            rfail(r, l, "expected %llu client octets not consumed, but %zu are: \"%s\"",
+                  (unsigned long long)want, left, hs_buf_cstr(&d1));
+        }
         break;
     }
     case HS_L_SERVER: {
@@ -1641,7 +2010,6 @@ int hs_script_run(const hs_script *sc, int mode, uint64_t seed, hs_buf *out, hs_
     r.sc = sc;
     r.mode = mode;
     r.report = report;
-    r.queue = xrealloc(NULL, (sc->n + 1) * sizeof *r.queue);
     hs_splitter_init(&r.sp, mode, seed);
     hs_plan plan;
     hs_script_plan(sc, &plan);
@@ -1649,7 +2017,6 @@ int hs_script_run(const hs_script *sc, int mode, uint64_t seed, hs_buf *out, hs_
     hs_plan_free(&plan);
     if (rc != 0) {
         rfail(&r, NULL, "smtpe_server_new returned %d (%s)", rc, smtpe_strerror(rc));
-        free(r.queue);
         r.sess.srv = NULL;
         hs_sess_close(&r.sess);
         return -1;
@@ -1680,8 +2047,19 @@ int hs_script_run(const hs_script *sc, int mode, uint64_t seed, hs_buf *out, hs_
                   hs_buf_cstr(&d));
         }
         if (!r.failed && r.qhead != r.qlen)
-            rfail(&r, &sc->lines[r.queue[r.qhead]],
-                  "end of transcript, but this H: verdict was never used");
+            rfail(&r, r.queue[r.qhead].l,
+                  r.queue[r.qhead].hold
+                      ? "end of transcript, but this HOLD line held fewer events than it says"
+                      : "end of transcript, but this H: verdict was never used");
+        if (!r.failed && r.held_open > 0 &&
+            !(smtpe_server_want(r.sess.srv) & SMTPE_WANT_CLOSE))
+            for (size_t i = 0; i < r.nheld; i++)
+                if (r.held[i].left > 0) {
+                    rfail(&r, r.held[i].hold,
+                          "end of transcript, but held event %zu (E: %s) never got its "
+                          "verdict (V: %zu ...)", i + 1, hs_buf_cstr(&r.held[i].text), i + 1);
+                    break;
+                }
         hs_buf_free(&d);
     }
     if (out)
@@ -1694,5 +2072,10 @@ int hs_script_run(const hs_script *sc, int mode, uint64_t seed, hs_buf *out, hs_
     int failed = r.failed;
     hs_buf_free(&r.pending);
     free(r.queue);
+    for (size_t i = 0; i < r.nheld; i++) {
+        hs_buf_free(&r.held[i].text);
+        hs_buf_free(&r.held[i].copy);
+    }
+    free(r.held);
     return failed ? -1 : 0;
 }

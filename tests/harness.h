@@ -88,7 +88,9 @@ uint64_t hs_hash(const char *s);
 
 /* ---- session driver ---------------------------------------------------------------------- */
 typedef struct hs_sess hs_sess;
-/* Gives the verdict for ev (which needs one). Returns 0, or -1 with a reason in s->err. */
+/* Gives the verdict for ev (which needs one), or holds it to give later (concurrent verdicts:
+ * it then counts it in s->holding until that verdict). Returns 0, or -1 with a reason in
+ * s->err. */
 typedef int (*hs_verdict_fn)(hs_sess *s, const smtpe_event *ev, void *ud);
 
 struct hs_sess {
@@ -103,6 +105,7 @@ struct hs_sess {
     int in_content;
     hs_verdict_fn verdict; /* NULL: smtpe_server_accept (as many times as the event takes) */
     void *verdict_ud;
+    size_t holding;    /* events the verdict callback holds without a verdict yet */
     int failed;
     hs_buf err;        /* the first failure */
     uint64_t consumed; /* octets smtpe_server_recv consumed so far */
@@ -124,8 +127,11 @@ int hs_sess_close(hs_sess *s);
  * octets there were. */
 size_t hs_sess_drain(hs_sess *s);
 /* Feeds p[0..n) in pieces chosen by sp, draining in between, until it is all consumed or the
- * session consumes nothing more (it wants to close). Returns the octets consumed; on an engine
- * misbehaviour (stuck, negative return) sets s->failed. */
+ * session consumes nothing more: it wants to close, or it waits for verdicts the host holds
+ * (s->holding > 0 and SMTPE_WANT_VERDICT without SMTPE_WANT_READ: concurrent verdicts, the
+ * engine reads no further until they are given; feed the rest again after giving them). Returns the octets consumed; on
+ * an engine misbehaviour (stuck, a recv that consumes nothing while want() says
+ * SMTPE_WANT_READ, a negative return) sets s->failed. */
 size_t hs_sess_feed(hs_sess *s, const uint8_t *p, size_t n, hs_splitter *sp);
 /* The host's TLS handshake has finished: checks that the session wants SMTPE_WANT_TLS, that
  * since the STARTTLS event no further event came, the only output is one 220 reply, and every
@@ -150,7 +156,11 @@ enum {
     HS_L_CLOSED,  /* CLOSED */
     HS_L_OPEN,    /* OPEN */
     HS_L_TLS,     /* TLS */
-    HS_L_DISCARDED /* DISCARDED n */
+    HS_L_DISCARDED, /* DISCARDED n */
+    HS_L_HOLD,    /* HOLD n: the next n events that need a verdict are held */
+    HS_L_VERDICT, /* V: k [!ERR] verdict: the verdict for the k-th held event */
+    HS_L_NOEVENT, /* NOEVENT: no event was taken beyond those matched by E: lines */
+    HS_L_UNREAD   /* UNREAD n: n client octets were fed but not consumed */
 };
 
 typedef struct hs_line {
