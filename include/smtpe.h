@@ -605,10 +605,11 @@ SMTPE_API int smtpe_server_accept(smtpe_server *s);
  *  - While a MAIL and the RCPTs after it wait for their verdicts, the engine goes on reading
  *    the client's pipelined commands: each RCPT is handed out at once (SMTPE_EV_RCPT with its
  *    own id), up to N commands held in all. Any other command (DATA, BDAT, RSET, QUIT, NOOP,
- *    a second MAIL, ...) is read but not executed until every earlier verdict has been given,
- *    and nothing after it is read meanwhile; it is then executed exactly as without
- *    pipelining (DATA sees the recipients the verdicts accepted). Events other than MAIL and
- *    RCPT always wait alone, as with N = 1.
+ *    a second MAIL, ...) is read but not executed until the replies of all earlier commands
+ *    are known (every earlier verdict given; a voided RCPT's, below, does not count: its reply
+ *    is known), and nothing after it is read meanwhile; it is then executed exactly as
+ *    without pipelining (DATA sees the recipients the verdicts accepted). Events other than
+ *    MAIL and RCPT always wait alone, as with N = 1.
  *  - Each reply goes out only after the replies of all earlier commands (RFC 2920 §3.1), so the
  *    client reads them in command order whatever the order of the verdicts. A reply the engine
  *    gives itself (501 for a malformed RCPT, 452 4.5.3, ...) waits its turn too, and
