@@ -105,7 +105,7 @@ int conn_fd(const struct conn *c);
  * 421 4.7.0 "<hostname> Too many connections[ from your address]", 421 4.3.2 or 554 5.7.1 in
  * place of the greeting if the socket takes it at once, and closes fd (at once: no lingering
  * close, which would cost the server as much as the session refused). Logs a "reject" line, at
- * most one a second per thread with the count of those not logged, so a flood of refused
+ * most one a second per process with the count of those not logged, so a flood of refused
  * connections cannot flood the log. */
 #define CONN_REJECT_NOMEM (-1) /* conn_reject's why: out of memory, 421 4.3.2 */
 #define CONN_REJECT_PROXY (-2) /* conn_reject's why: not a --proxy-from balancer, 554 5.7.1 */

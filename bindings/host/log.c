@@ -112,10 +112,17 @@ int host_log_limited(struct host_log_limit *r, uint64_t now_ms, uint64_t period_
 
 void host_log_reject(uint64_t now_ms, const char *peer, const char *reason)
 {
-    static _Thread_local struct host_log_limit limit;
-    unsigned quiet;
+    /* One limit for the process: in the threads model a refusal after a PROXY header comes
+     * from the connection's own thread, so a limit per thread would limit nothing. */
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    static struct host_log_limit limit;
+    unsigned quiet = 0;
+    int log;
 
-    if (host_log_limited(&limit, now_ms, HOST_LOG_REJECT_MS, &quiet))
+    pthread_mutex_lock(&lock);
+    log = host_log_limited(&limit, now_ms, HOST_LOG_REJECT_MS, &quiet);
+    pthread_mutex_unlock(&lock);
+    if (log)
         host_log("reject peer=%s reason=%s (%u more rejects since the last report)", peer,
                  reason, quiet);
 }

@@ -37,7 +37,7 @@ struct host_log_limit {
 int host_log_limited(struct host_log_limit *r, uint64_t now_ms, uint64_t period_ms,
                      unsigned *quiet);
 
-#define HOST_LOG_REJECT_MS 1000u /* refused clients: at most one line a second per thread */
+#define HOST_LOG_REJECT_MS 1000u /* refused clients: at most one line a second per process */
 
 /* A refused client (peer: its "ip:port", reason: a token) at now_ms: the line "reject
  * peer=... reason=... (N more rejects since the last report)", at most one per
