@@ -9,8 +9,10 @@ set -euo pipefail
 # valgrind: the integration suites under memcheck (ctest -L long: valgrind_*).
 # libssl-dev, libcrypt-dev: STARTTLS and AUTH in smtpe-server. openssl (certificates, password
 # hashes), haproxy (PROXY protocol) and libnet-ssleay-perl (swaks --tls): integration tests.
+# libuv1-dev, libevent-dev: the example servers bindings/libuv and bindings/libevent.
 PACKAGES=(build-essential cmake pkg-config clang libclang-rt-14-dev libcmocka-dev python3 swaks curl
-    libssl-dev libcrypt-dev openssl haproxy libnet-ssleay-perl gnuplot-nox valgrind abigail-tools "$@")
+    libssl-dev libcrypt-dev openssl haproxy libnet-ssleay-perl gnuplot-nox valgrind abigail-tools
+    libuv1-dev libevent-dev "$@")
 
 if ! command -v dpkg-query >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1; then
     echo "deps.sh: not a Debian-like system (no dpkg-query/apt-get); install these yourself:" >&2
