@@ -2313,11 +2313,12 @@ int smtpe_server_auth_challenge(smtpe_server *s, const uint8_t *data, size_t len
 {
     size_t need;
     held *q;
-    unsigned vb;
     uint8_t *p;
     if (!s || (!data && len > 0))
         return SMTPE_ERR_INVALID_ARGUMENT;
-    if (find_owed(s, 0, &q, &vb) != SMTPE_EV_AUTH || s->auth_mech_id != SMTPE_SASL_OTHER)
+    /* the AUTH event is the oldest queued (alone); a voided RCPT's verdict may still be owed */
+    if (s->closing || s->q_len == 0 || (q = q_at(s, 0))->type != SMTPE_EV_AUTH ||
+        (s->event_ready && s->ev.id == q->id) || s->auth_mech_id != SMTPE_SASL_OTHER)
         return SMTPE_ERR_STATE;
     if (len > 1536)
         return SMTPE_ERR_REPLY_TOO_LONG;
@@ -2386,10 +2387,10 @@ unsigned smtpe_server_want(const smtpe_server *s)
         w |= SMTPE_WANT_EVENT;
     if (s->closing)
         return w | SMTPE_WANT_CLOSE;
+    if (s->owed > 0) /* (under TLS_WAIT: a voided RCPT's) */
+        w |= SMTPE_WANT_VERDICT;
     if (s->mode == MODE_TLS_WAIT) /* what was read before the handshake is consumed, dropped */
         return w | SMTPE_WANT_TLS | SMTPE_WANT_READ;
-    if (s->owed > 0)
-        w |= SMTPE_WANT_VERDICT;
     if (reading(s))
         w |= SMTPE_WANT_READ;
     return w;
