@@ -185,7 +185,7 @@ int smtpe__parse_u64(smtpe_span s, uint64_t *v)
     return 0;
 }
 
-static int hex_value(uint8_t c)
+int smtpe__hex_digit(int c)
 {
     if (c >= '0' && c <= '9')
         return c - '0';
@@ -206,8 +206,8 @@ int smtpe__xtext_decode(uint8_t *p, size_t n, size_t *out_len)
             int hi, lo;
             if (n - i < 3)
                 return SMTPE__XTEXT_SYNTAX;
-            hi = hex_value(p[i + 1]);
-            lo = hex_value(p[i + 2]);
+            hi = smtpe__hex_digit(p[i + 1]);
+            lo = smtpe__hex_digit(p[i + 2]);
             if (hi < 0 || lo < 0)
                 return SMTPE__XTEXT_SYNTAX;
             c = (uint8_t)(hi << 4 | lo);

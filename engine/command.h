@@ -79,4 +79,7 @@ int smtpe__xtext_decode(uint8_t *p, size_t n, size_t *out_len);
 /* Parses an unsigned decimal of 1..20 digits without overflow. Returns 0 and *v, or -1. */
 int smtpe__parse_u64(smtpe_span s, uint64_t *v);
 
+/* The value 0..15 of a hex digit (either case), or -1. */
+int smtpe__hex_digit(int c);
+
 #endif

@@ -3,6 +3,8 @@
  * parsers, IPv4 / IPv6 text to binary (RFC 4291 §2.2), and the public TLV walker (§2.2.7). */
 #include "proxy.h"
 
+#include "command.h" /* smtpe__hex_digit */
+
 #include <string.h>
 
 /* §2.1: "PROXY" and one space begin every v1 header. */
@@ -28,21 +30,9 @@ static uint16_t be16(const uint8_t *p)
     return (uint16_t)(p[0] << 8 | p[1]);
 }
 
-static int is_digit(int c)
+static int is_decimal(int c)
 {
     return c >= '0' && c <= '9';
-}
-
-/* The value of a hex digit, or -1. */
-static int hex_value(int c)
-{
-    if (is_digit(c))
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -167,7 +157,7 @@ static int parse_ipv4(const uint8_t *p, size_t n, uint8_t out[4])
         }
         size_t start = i;
         unsigned v = 0;
-        while (i < n && is_digit(p[i]) && i - start < 3)
+        while (i < n && is_decimal(p[i]) && i - start < 3)
             v = v * 10 + (unsigned)(p[i++] - '0');
         size_t digits = i - start;
         if (digits == 0 || v > 255 || (digits > 1 && p[start] == '0'))
@@ -204,7 +194,7 @@ static int parse_groups(const uint8_t *p, size_t n, uint16_t *groups, int max, i
             return -1;
         unsigned v = 0;
         for (size_t k = i; k < j; k++) {
-            int h = hex_value(p[k]);
+            int h = smtpe__hex_digit(p[k]);
             if (h < 0)
                 return -1;
             v = v << 4 | (unsigned)h;
@@ -265,7 +255,7 @@ static int parse_port(const uint8_t *p, size_t n, uint16_t *port)
         return -1;
     uint32_t v = 0;
     for (size_t i = 0; i < n; i++) {
-        if (!is_digit(p[i]))
+        if (!is_decimal(p[i]))
             return -1;
         v = v * 10 + (uint32_t)(p[i] - '0');
     }

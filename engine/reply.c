@@ -96,8 +96,3 @@ int smtpe__reply_text_check(const char *text, size_t len)
     }
     return too_long ? 2 : 0;
 }
-
-int smtpe__reply_text_valid(const char *text, size_t len)
-{
-    return smtpe__reply_text_check(text, len) == 0;
-}

@@ -26,12 +26,10 @@ size_t smtpe__reply_line(uint8_t *out, size_t cap, size_t at, unsigned code, int
  * subject 1-3 digits, detail 1-3 digits) whose class is code's first digit. */
 int smtpe__enhanced_valid(const char *s, unsigned code);
 
-/* 1 if text is acceptable host reply text: no control octets but HT and '\n' (RFC 5321 §4.2
+/* Whether text is acceptable host reply text: no control octets but HT and '\n' (RFC 5321 §4.2
  * textstring), each line at most SMTPE__REPLY_TEXT_MAX octets, at most SMTPE__REPLY_LINES_MAX
- * lines, all at most SMTPE__REPLY_TOTAL_MAX. */
-int smtpe__reply_text_valid(const char *text, size_t len);
-
-/* The same check, telling why: 0 acceptable, 1 a control octet, 2 a line or the whole too long. */
+ * lines, all at most SMTPE__REPLY_TOTAL_MAX. Returns 0 acceptable, 1 a control octet, 2 a line
+ * or the whole too long. */
 int smtpe__reply_text_check(const char *text, size_t len);
 
 #endif

@@ -63,8 +63,8 @@ extern "C" {
 /* The mark on every public function. The shared library's build defines SMTPE_SHARED_BUILD;
  * an embedder may define SMTPE_API itself (-DSMTPE_API=...) before including this header,
  * e.g. to __attribute__((visibility("hidden"))) to keep a vendored copy out of its own
- * shared object's exports, or to static when it compiles the amalgamated smtpe.c into the
- * one file that uses it. */
+ * shared object's exports, or to "static inline" when it compiles the amalgamated smtpe.c
+ * into the one file that uses it (inline: no warning for the functions it does not call). */
 #ifndef SMTPE_API
 #if defined(SMTPE_SHARED_BUILD) && defined(__GNUC__)
 #define SMTPE_API __attribute__((visibility("default")))
@@ -377,6 +377,97 @@ typedef struct smtpe_proxy_info {
                              engine memory, valid until the verdict; empty for v1 */
 } smtpe_proxy_info;
 
+/* The event kinds' fields, named so that the header is also valid C++ (an anonymous union may
+ * hold no type definitions there). A later version of smtpe_event may append fields to them
+ * (the event's layout version covers that). */
+/* The fields of ev.helo (see smtpe_event). */
+typedef struct smtpe_event_helo {
+    smtpe_span domain; /* the argument as sent; engine line buffer, valid until verdict */
+    int esmtp;         /* 1 for EHLO and LHLO, 0 for HELO */
+    int lmtp;          /* 1 for LHLO (RFC 2033 §4.1) */
+} smtpe_event_helo;
+
+/* The fields of ev.mail (see smtpe_event). */
+typedef struct smtpe_event_mail {
+    smtpe_path reverse_path;
+    uint64_t size;        /* SIZE= value (RFC 1870) when has_size */
+    int has_size;
+    smtpe_body_type body; /* BODY= (RFC 6152, RFC 3030) */
+    int smtputf8;         /* SMTPUTF8 given (RFC 6531) */
+    smtpe_dsn_ret ret;    /* RET= (RFC 3461 §4.3) */
+    smtpe_span envid;     /* ENVID= decoded (RFC 3461 §4.4); empty when not given */
+    int has_envid;
+    smtpe_span auth;      /* AUTH= decoded (RFC 4954 §5): a mailbox, empty for <> */
+    int has_auth;
+    int requiretls;       /* REQUIRETLS given (RFC 8689 §4.1; accepted only under TLS) */
+    int mt_priority;      /* MT-PRIORITY= -9..9 (RFC 6710) when has_mt_priority */
+    int has_mt_priority;
+    int64_t by_time;      /* BY= seconds (RFC 2852 §4); zero or negative only with N */
+    char by_mode;         /* 'R' (return) or 'N' (notify); 0 when BY= is absent */
+    int by_trace;         /* the T (trace) flag of BY= */
+    size_t param_count;
+    smtpe_param params[SMTPE_MAX_PARAMS]; /* every parameter, in order */
+} smtpe_event_mail;
+
+/* The fields of ev.rcpt (see smtpe_event). */
+typedef struct smtpe_event_rcpt {
+    smtpe_path forward_path;
+    unsigned notify;         /* SMTPE_NOTIFY_* (RFC 3461 §4.1); 0 when not given */
+    smtpe_span orcpt_type;   /* ORCPT= addr-type ("rfc822", RFC 3461 §4.2) */
+    smtpe_span orcpt;        /* ORCPT= address, decoded; empty when not given */
+    int has_orcpt;
+    size_t param_count;
+    smtpe_param params[SMTPE_MAX_PARAMS];
+} smtpe_event_rcpt;
+
+/* The fields of ev.data_end (see smtpe_event). */
+typedef struct smtpe_event_data_end {
+    uint64_t size; /* content octets after unstuffing, counted to the end even
+                      when status stopped the chunks (so it may exceed the limit) */
+    int status;    /* SMTPE_DATA_* */
+    unsigned flags;
+    int chunked;   /* the content came by BDAT (RFC 3030), not DATA */
+    unsigned replies; /* verdicts the event takes: 1, or under LMTP one per accepted
+                         recipient, in recipient order (RFC 2033 §4.2), a 421 among
+                         them ending the series and the session; with a status other
+                         than OK the engine gave them all already (one only when a
+                         BDAT chunk without LAST ended the message) */
+} smtpe_event_data_end;
+
+/* The fields of ev.bdat (see smtpe_event). */
+typedef struct smtpe_event_bdat {
+    uint64_t size; /* the chunk's octet count as the command gave it */
+    int last;      /* the command had LAST */
+    int first;     /* the first chunk of the transaction */
+} smtpe_event_bdat;
+
+/* The fields of ev.auth (see smtpe_event). */
+typedef struct smtpe_event_auth {
+    smtpe_span mechanism; /* as sent (any case) */
+    int mechanism_id;     /* SMTPE_SASL_* */
+    /* PLAIN and LOGIN: the whole credentials (LOGIN has no authzid). */
+    smtpe_span authzid, authcid, password;
+    /* Other mechanisms: the client's response for this step, base64-decoded.
+     * has_response is 0 for an AUTH command without an initial response ("=" is an
+     * empty one, RFC 4954 §4). step is 0 for the AUTH command, then 1, 2, ... for the
+     * responses to the host's challenges. */
+    smtpe_span response;
+    int has_response;
+    unsigned step;
+} smtpe_event_auth;
+
+/* The fields of ev.xclient (see smtpe_event). */
+typedef struct smtpe_event_xclient {
+    size_t count;
+    smtpe_param attrs[SMTPE_MAX_PARAMS];
+} smtpe_event_xclient;
+
+/* The fields of ev.command (see smtpe_event). */
+typedef struct smtpe_event_command {
+    smtpe_span verb;
+    smtpe_span argument;
+} smtpe_event_command;
+
 typedef struct smtpe_event {
     smtpe_event_type type;
     /* 1 when this event ended a mail transaction the host had accepted (MAIL 2xx) before the
@@ -386,101 +477,37 @@ typedef struct smtpe_event {
      * DATA_END (whatever its status), its own 4xx/5xx to CHUNK_END, its own
      * smtpe_server_close, the client's disconnection. 0 otherwise. */
     int abandoned;
-    /* The event's number in the session: 1, 2, 3, ... in the order events are taken. The
-     * verdict calls with an id (smtpe_server_reply_id, smtpe_server_accept_id) name the event
-     * by it. */
+    /* The event's number in the session: 1, 2, 3, ... in the order events are taken (0 for
+     * DATA_CHUNK). The verdict calls with an id (smtpe_server_reply_id, smtpe_server_accept_id)
+     * name the event by it. */
     uint64_t id;
     union {
-        struct {
-            smtpe_span domain; /* the argument as sent; engine line buffer, valid until verdict */
-            int esmtp;         /* 1 for EHLO and LHLO, 0 for HELO */
-            int lmtp;          /* 1 for LHLO (RFC 2033 §4.1) */
-        } helo;
+        smtpe_event_helo helo;
         /* MAIL. Parameters are checked and typed; the xtext values (ENVID, AUTH) are decoded in
          * place, so their spans, like the matching params[].value, hold the decoded octets
          * (never CR, LF, NUL or another control octet: those are refused with 501 5.5.4). */
-        struct {
-            smtpe_path reverse_path;
-            uint64_t size;        /* SIZE= value (RFC 1870) when has_size */
-            int has_size;
-            smtpe_body_type body; /* BODY= (RFC 6152, RFC 3030) */
-            int smtputf8;         /* SMTPUTF8 given (RFC 6531) */
-            smtpe_dsn_ret ret;    /* RET= (RFC 3461 §4.3) */
-            smtpe_span envid;     /* ENVID= decoded (RFC 3461 §4.4); empty when not given */
-            int has_envid;
-            smtpe_span auth;      /* AUTH= decoded (RFC 4954 §5): a mailbox, empty for <> */
-            int has_auth;
-            int requiretls;       /* REQUIRETLS given (RFC 8689 §4.1; accepted only under TLS) */
-            int mt_priority;      /* MT-PRIORITY= -9..9 (RFC 6710) when has_mt_priority */
-            int has_mt_priority;
-            int64_t by_time;      /* BY= seconds (RFC 2852 §4); zero or negative only with N */
-            char by_mode;         /* 'R' (return) or 'N' (notify); 0 when BY= is absent */
-            int by_trace;         /* the T (trace) flag of BY= */
-            size_t param_count;
-            smtpe_param params[SMTPE_MAX_PARAMS]; /* every parameter, in order */
-        } mail;
+        smtpe_event_mail mail;
         /* RCPT. ORCPT's xtext is decoded in place like MAIL's ENVID. */
-        struct {
-            smtpe_path forward_path;
-            unsigned notify;         /* SMTPE_NOTIFY_* (RFC 3461 §4.1); 0 when not given */
-            smtpe_span orcpt_type;   /* ORCPT= addr-type ("rfc822", RFC 3461 §4.2) */
-            smtpe_span orcpt;        /* ORCPT= address, decoded; empty when not given */
-            int has_orcpt;
-            size_t param_count;
-            smtpe_param params[SMTPE_MAX_PARAMS];
-        } rcpt;
+        smtpe_event_rcpt rcpt;
         /* DATA_CHUNK: content octets. They point into the octets passed to the smtpe_server_recv
          * call that produced the event or into static engine memory; valid until the next
          * smtpe_server_recv call. Chunk boundaries depend on how input was split; the
          * concatenation of the chunks does not. */
         smtpe_span chunk;
-        struct {
-            uint64_t size; /* content octets after unstuffing, counted to the end even
-                              when status stopped the chunks (so it may exceed the limit) */
-            int status;    /* SMTPE_DATA_* */
-            unsigned flags;
-            int chunked;   /* the content came by BDAT (RFC 3030), not DATA */
-            unsigned replies; /* verdicts the event takes: 1, or under LMTP one per accepted
-                                 recipient, in recipient order (RFC 2033 §4.2), a 421 among
-                                 them ending the series and the session; with a status other
-                                 than OK the engine gave them all already (one only when a
-                                 BDAT chunk without LAST ended the message) */
-        } data_end;
+        smtpe_event_data_end data_end;
         /* BDAT and CHUNK_END (RFC 3030 §2). */
-        struct {
-            uint64_t size; /* the chunk's octet count as the command gave it */
-            int last;      /* the command had LAST */
-            int first;     /* the first chunk of the transaction */
-        } bdat;
+        smtpe_event_bdat bdat;
         /* AUTH (RFC 4954 §4). Decoded octets in engine memory, valid until the verdict; the
          * engine wipes them after it. */
-        struct {
-            smtpe_span mechanism; /* as sent (any case) */
-            int mechanism_id;     /* SMTPE_SASL_* */
-            /* PLAIN and LOGIN: the whole credentials (LOGIN has no authzid). */
-            smtpe_span authzid, authcid, password;
-            /* Other mechanisms: the client's response for this step, base64-decoded.
-             * has_response is 0 for an AUTH command without an initial response ("=" is an
-             * empty one, RFC 4954 §4). step is 0 for the AUTH command, then 1, 2, ... for the
-             * responses to the host's challenges. */
-            smtpe_span response;
-            int has_response;
-            unsigned step;
-        } auth;
+        smtpe_event_auth auth;
         smtpe_proxy_info proxy;
         /* XCLIENT, XFORWARD: attribute=value pairs (NAME, ADDR, PORT, PROTO, HELO, LOGIN,
          * DESTADDR, DESTPORT; XFORWARD: IDENT, SOURCE), xtext-decoded in place; values such as
          * "[UNAVAILABLE]" are passed as sent. Valid until the verdict. */
-        struct {
-            size_t count;
-            smtpe_param attrs[SMTPE_MAX_PARAMS];
-        } xclient;
+        smtpe_event_xclient xclient;
         /* VRFY, EXPN, UNKNOWN: verb and the argument text after one space (may be empty).
          * Engine line buffer, valid until the verdict. */
-        struct {
-            smtpe_span verb;
-            smtpe_span argument;
-        } command;
+        smtpe_event_command command;
     };
 } smtpe_event;
 
