@@ -621,13 +621,46 @@ static void conn_close(struct conn *c)
     uv_close((uv_handle_t *)&c->timer, on_handle_closed);
 }
 
+/* Out of memory for a connection: it must still be accepted (libuv watches the listener no more
+ * until it is), here, and closed at once; one at a time, the next once this one is closed. */
+static uv_tcp_t refused;
+static int refused_busy, refused_waiting;
+
+static void on_connection(uv_stream_t *server, int status);
+
+static void on_refused_closed(uv_handle_t *h)
+{
+    (void)h;
+    refused_busy = 0;
+    if (refused_waiting && !stopping) {
+        refused_waiting = 0;
+        on_connection((uv_stream_t *)&listener, 0);
+    }
+}
+
+static void refuse(uv_stream_t *server)
+{
+    if (refused_busy) {
+        refused_waiting = 1;
+        return;
+    }
+    refused_busy = 1;
+    uv_tcp_init(loop, &refused);
+    uv_accept(server, (uv_stream_t *)&refused);
+    uv_close((uv_handle_t *)&refused, on_refused_closed);
+}
+
 static void on_connection(uv_stream_t *server, int status)
 {
     struct conn *c;
     int rc;
 
-    if (status < 0 || (c = calloc(1, sizeof *c)) == NULL)
+    if (status < 0)
         return;
+    if ((c = calloc(1, sizeof *c)) == NULL) {
+        refuse(server);
+        return;
+    }
     uv_tcp_init(loop, &c->tcp);
     uv_timer_init(loop, &c->timer);
     c->tcp.data = c->timer.data = c->write_req.data = c;

@@ -330,7 +330,8 @@ class TestRecipients(Base):
               "250 (serial lookups: 50 x 0.1 s = 5.0 s)"
               % (os.path.basename(PROGRAM), rcpt_s, elapsed))
         sys.stdout.flush()
-        self.assertGreaterEqual(rcpt_s, 0.1, "the lookups did not take their 100 ms")
+        # (the loops' clocks count whole milliseconds: a timer may fire a little early)
+        self.assertGreaterEqual(rcpt_s, 0.09, "the lookups did not take their 100 ms")
         self.assertLess(elapsed, 50 * 0.1 / 4, "the lookups did not run side by side")
         self.assert_stored(srv, name, content, 40)
         c.cmd("QUIT", 221)
