@@ -291,34 +291,82 @@ size_t smtpe_server_memory_size_versioned(int config_version, const smtpe_server
  * Output
  * ---------------------------------------------------------------------------------------- */
 
-/* Where n octets of output go, or SIZE_MAX if they do not fit now. Unless final, CLOSE_RESERVE
- * octets must stay free where a later write can go, so that a final 421/221 always fits.
- * Replies go after run A while they fit there (and room for the final one is left after it or
- * before A), else at the start of the ring as run B, which then takes every later write. */
-static size_t out_where(const smtpe_server *s, size_t n, int final)
+/* The two places the next output may go, with their room: after run A (or, once it exists,
+ * after run B, which then takes every write until A is sent), and at the start of the ring as
+ * run B (the second place, 0 octets when there is none). Unless final, CLOSE_RESERVE octets are
+ * kept free where a later write can go, so that a final 421/221 always fits: after the write,
+ * or before A. */
+typedef struct out_room {
+    size_t at, room, room_b;
+} out_room;
+
+static inline out_room out_rooms(const smtpe_server *s, int final)
 {
-    size_t keep = final ? 0 : CLOSE_RESERVE, after = s->out_cap - s->a_end, before = s->a_off;
-    if (s->b_end > 0) /* run B is being written: up to A */
-        return n + keep <= s->a_off - s->b_end ? s->b_end : SIZE_MAX;
-    if (n <= after && (n + keep <= after || keep <= before))
-        return s->a_end;
-    if (n > 0 && n + keep <= before)
-        return 0;
-    return SIZE_MAX;
+    size_t keep = final ? 0 : CLOSE_RESERVE;
+    out_room r = {s->a_end, s->out_cap - s->a_end, 0};
+    if (s->b_end > 0) {
+        r.at = s->b_end;
+        r.room = s->a_off - s->b_end > keep ? s->a_off - s->b_end - keep : 0;
+        return r;
+    }
+    if (keep > s->a_off) /* the reserve cannot stay before A: it stays after the write */
+        r.room = r.room > keep ? r.room - keep : 0;
+    if (s->a_end > 0 && s->a_off > keep)
+        r.room_b = s->a_off - keep;
+    return r;
 }
 
-/* Takes n octets of output room (out_where). Returns where they go, or NULL if they do not fit:
- * the caller then writes exactly n octets there. */
+/* Records n octets written at the first place (b 0) or the second (b 1) of out_rooms. */
+static void out_commit(smtpe_server *s, int b, size_t n)
+{
+    if (b)
+        s->b_end = n;
+    else if (s->b_end > 0)
+        s->b_end += n;
+    else
+        s->a_end += n;
+}
+
+/* Whether n octets of output fit now. */
+static int out_fits(const smtpe_server *s, size_t n, int final)
+{
+    out_room r = out_rooms(s, final);
+    return n <= r.room || (n > 0 && n <= r.room_b);
+}
+
+/* Takes n octets of output room. Returns where they go, or NULL if they do not fit: the caller
+ * then writes exactly n octets there. */
 static uint8_t *out_take(smtpe_server *s, size_t n, int final)
 {
-    size_t at = out_where(s, n, final);
-    if (at == SIZE_MAX)
-        return NULL;
-    if (s->b_end > 0 || (at == 0 && s->a_end > 0))
-        s->b_end = at + n;
-    else
-        s->a_end = at + n;
-    return s->out + at;
+    out_room r = out_rooms(s, final);
+    if (n <= r.room) {
+        out_commit(s, 0, n);
+        return s->out + r.at;
+    }
+    if (n > 0 && n <= r.room_b) {
+        out_commit(s, 1, n);
+        return s->out;
+    }
+    return NULL;
+}
+
+/* Formats output with fmt (which writes into buf[0..cap) and returns the octets written, or 0
+ * if they do not fit) at the first place of out_rooms, else at the second (a failed try only
+ * wrote into free room). Returns 0 or SMTPE_ERR_REPLY_TOO_LONG. */
+typedef size_t (*out_format)(uint8_t *buf, size_t cap, const void *arg);
+
+static inline int out_put(smtpe_server *s, int final, out_format fmt, const void *arg)
+{
+    out_room r = out_rooms(s, final);
+    size_t n = r.room ? fmt(s->out + r.at, r.room, arg) : 0;
+    if (n == 0 && r.room_b > 0 && (n = fmt(s->out, r.room_b, arg)) > 0) {
+        out_commit(s, 1, n);
+        return 0;
+    }
+    if (n == 0)
+        return SMTPE_ERR_REPLY_TOO_LONG;
+    out_commit(s, 0, n);
+    return 0;
 }
 
 static size_t out_pending(const smtpe_server *s)
@@ -335,19 +383,26 @@ static const char *enhanced_for(const smtpe_server *s, unsigned code, const char
     return enhanced;
 }
 
+/* A reply for out_put: smtpe__reply_format's arguments. */
+typedef struct reply_args {
+    unsigned code;
+    const char *enhanced, *text;
+    size_t len;
+} reply_args;
+
+static size_t format_reply(uint8_t *buf, size_t cap, const void *arg)
+{
+    const reply_args *a = arg;
+    return smtpe__reply_format(buf, cap, a->code, a->enhanced, a->text, a->len);
+}
+
 /* Queues a reply; final replies may use the close reserve. Returns 0 or
  * SMTPE_ERR_REPLY_TOO_LONG. */
 static int out_reply(smtpe_server *s, unsigned code, const char *enhanced, const char *text,
                      size_t len, int final)
 {
-    uint8_t *p;
-    size_t n;
-    enhanced = enhanced_for(s, code, enhanced);
-    n = smtpe__reply_format(NULL, SIZE_MAX, code, enhanced, text, len); /* its length */
-    if (n == 0 || (p = out_take(s, n, final)) == NULL)
-        return SMTPE_ERR_REPLY_TOO_LONG;
-    (void)smtpe__reply_format(p, n, code, enhanced, text, len);
-    return 0;
+    reply_args a = {code, enhanced_for(s, code, enhanced), text, len};
+    return out_put(s, final, format_reply, &a);
 }
 
 /* "<hostname> <phrase>" into buf (HOST_TEXT_MAX octets). Returns its length. */
@@ -513,7 +568,7 @@ static int input_room_ok(const smtpe_server *s)
     size_t need = s->reserve + (size_t)s->q_len * s->buf_size;
     if (s->cfg->lmtp && (s->mode == MODE_DATA || s->mode == MODE_BDAT))
         need += (size_t)s->rcpts * LMTP_REPLY_ROOM;
-    return out_where(s, need, 0) != SIZE_MAX;
+    return out_fits(s, need, 0);
 }
 
 /* Whether the owed replies are those of a pipelined transaction's MAIL and RCPTs, behind which
@@ -534,11 +589,13 @@ static int line_buffer_ready(const smtpe_server *s)
 /* Starts the next command line in a free line buffer (line_buffer_ready said there is one). */
 static void line_start(smtpe_server *s)
 {
-    unsigned i = s->cur;
-    while (s->lbuf[i].use != BUF_FREE)
-        i = (i + 1) % s->npend;
-    s->cur = i;
-    s->line.buf = buf_at(s, i);
+    if (s->lbuf[s->cur].use != BUF_FREE) { /* the last line's buffer is held: take another */
+        unsigned i = s->cur;
+        while (s->lbuf[i].use != BUF_FREE)
+            i = (i + 1) % s->npend;
+        s->cur = i;
+        s->line.buf = buf_at(s, i);
+    }
     smtpe__line_reset(&s->line);
 }
 
@@ -1820,6 +1877,23 @@ int smtpe_event_needs_reply(const smtpe_event *ev)
  * Verdicts
  * ---------------------------------------------------------------------------------------- */
 
+/* The lines of a multi-line reply without enhanced codes, for out_put. */
+typedef struct ehlo_lines {
+    unsigned code;
+    const char *const *lines;
+    size_t n;
+} ehlo_lines;
+
+static size_t format_ehlo(uint8_t *buf, size_t cap, const void *arg)
+{
+    const ehlo_lines *e = arg;
+    size_t at = 0;
+    for (size_t i = 0; i < e->n && at != SIZE_MAX; i++)
+        at = smtpe__reply_line(buf, cap, at, e->code, i + 1 == e->n, NULL, e->lines[i],
+                               strlen(e->lines[i]));
+    return at == SIZE_MAX ? 0 : at;
+}
+
 /* The EHLO reply (RFC 5321 §4.1.1.1): the first line, then one line per extension. */
 static int ehlo_reply(smtpe_server *s, unsigned code, const char *first)
 {
@@ -1827,8 +1901,7 @@ static int ehlo_reply(smtpe_server *s, unsigned code, const char *first)
     unsigned ext = offered_ext(s);
     char size[40], auth[8 + 200];
     const char *lines[16 + 64];
-    size_t n = 0, at, len;
-    uint8_t *p;
+    size_t n = 0;
     lines[n++] = first;
     if (c->extensions & SMTPE_EXT_PIPELINING)
         lines[n++] = "PIPELINING";
@@ -1869,17 +1942,8 @@ static int ehlo_reply(smtpe_server *s, unsigned code, const char *first)
         lines[n++] = "XFORWARD NAME ADDR PORT PROTO HELO IDENT SOURCE";
     for (size_t i = 0; i < c->ehlo_extra_count; i++)
         lines[n++] = c->ehlo_extra[i];
-    at = 0; /* measure, then write where it fits */
-    for (size_t i = 0; i < n && at != SIZE_MAX; i++)
-        at = smtpe__reply_line(NULL, SIZE_MAX, at, code, i + 1 == n, NULL, lines[i],
-                               strlen(lines[i]));
-    if (at == SIZE_MAX || (p = out_take(s, at, 0)) == NULL)
-        return SMTPE_ERR_REPLY_TOO_LONG;
-    len = at;
-    at = 0;
-    for (size_t i = 0; i < n; i++)
-        at = smtpe__reply_line(p, len, at, code, i + 1 == n, NULL, lines[i], strlen(lines[i]));
-    return 0;
+    ehlo_lines e = {code, lines, n};
+    return out_put(s, 0, format_ehlo, &e);
 }
 
 /* "<class>.0.0" for a reply code (RFC 3463 §3.1). buf has 6 octets. */
@@ -2162,9 +2226,10 @@ static int verdict_args(const smtpe_server *s, smtpe_event_type type, unsigned c
     return r;
 }
 
-/* Gives the verdict for the owed event id (0: the oldest). */
-static int give_verdict(smtpe_server *s, uint64_t id, unsigned code, const char *enhanced,
-                        const char *text)
+/* Gives the verdict for the owed event id (0: the oldest); the arguments are checked unless
+ * they are the engine's own defaults (host 0). */
+static int give_verdict(smtpe_server *s, uint64_t id, int host, unsigned code,
+                        const char *enhanced, const char *text)
 {
     held *q;
     unsigned vb = 0;
@@ -2172,7 +2237,7 @@ static int give_verdict(smtpe_server *s, uint64_t id, unsigned code, const char 
     int r;
     if (type == SMTPE_EV_NONE)
         return SMTPE_ERR_STATE;
-    r = verdict_args(s, type, code, enhanced, text);
+    r = host ? verdict_args(s, type, code, enhanced, text) : 0;
     if (r != 0)
         return r;
     if (!q) { /* a voided RCPT: answered 503 already */
@@ -2199,34 +2264,34 @@ static int give_accept(smtpe_server *s, uint64_t id)
     unsigned vb = 0;
     switch (find_owed(s, id, &q, &vb)) {
     case SMTPE_EV_STARTTLS:
-        return give_verdict(s, id, 220, "2.0.0", "Ready to start TLS");
+        return give_verdict(s, id, 0, 220, "2.0.0", "Ready to start TLS");
     case SMTPE_EV_AUTH:
-        return give_verdict(s, id, 235, "2.7.0", "Authentication successful");
+        return give_verdict(s, id, 0, 235, "2.7.0", "Authentication successful");
     case SMTPE_EV_CHUNK_END:
         snprintf(text, sizeof text, "%llu octets received", (unsigned long long)s->bdat_size);
-        return give_verdict(s, id, 250, "2.0.0", text);
+        return give_verdict(s, id, 0, 250, "2.0.0", text);
     case SMTPE_EV_PROXY:
     case SMTPE_EV_XCLIENT:
-        return give_verdict(s, id, 220, NULL, NULL);
+        return give_verdict(s, id, 0, 220, NULL, NULL);
     case SMTPE_EV_XFORWARD:
-        return give_verdict(s, id, 250, "2.0.0", "Ok");
+        return give_verdict(s, id, 0, 250, "2.0.0", "Ok");
     case SMTPE_EV_HELO:
-        return give_verdict(s, id, 250, NULL, NULL);
+        return give_verdict(s, id, 0, 250, NULL, NULL);
     case SMTPE_EV_MAIL:
-        return give_verdict(s, id, 250, "2.1.0", "Ok");
+        return give_verdict(s, id, 0, 250, "2.1.0", "Ok");
     case SMTPE_EV_RCPT:
-        return give_verdict(s, id, 250, "2.1.5", "Ok");
+        return give_verdict(s, id, 0, 250, "2.1.5", "Ok");
     case SMTPE_EV_DATA:
-        return give_verdict(s, id, 354, NULL, "End data with <CR><LF>.<CR><LF>");
+        return give_verdict(s, id, 0, 354, NULL, "End data with <CR><LF>.<CR><LF>");
     case SMTPE_EV_DATA_END:
-        return give_verdict(s, id, 250, "2.0.0", "Ok");
+        return give_verdict(s, id, 0, 250, "2.0.0", "Ok");
     case SMTPE_EV_VRFY:
-        return give_verdict(s, id, 252, "2.5.0",
+        return give_verdict(s, id, 0, 252, "2.5.0",
                             "Cannot VRFY user, but will accept message and attempt delivery");
     case SMTPE_EV_EXPN:
-        return give_verdict(s, id, 252, "2.5.0", "Cannot EXPN list");
+        return give_verdict(s, id, 0, 252, "2.5.0", "Cannot EXPN list");
     case SMTPE_EV_UNKNOWN:
-        return give_verdict(s, id, 500, "5.5.1", "Command unrecognized");
+        return give_verdict(s, id, 0, 500, "5.5.1", "Command unrecognized");
     default:
         return SMTPE_ERR_STATE;
     }
@@ -2234,7 +2299,7 @@ static int give_accept(smtpe_server *s, uint64_t id)
 
 int smtpe_server_reply(smtpe_server *s, unsigned code, const char *enhanced, const char *text)
 {
-    return s ? give_verdict(s, 0, code, enhanced, text) : SMTPE_ERR_INVALID_ARGUMENT;
+    return s ? give_verdict(s, 0, 1, code, enhanced, text) : SMTPE_ERR_INVALID_ARGUMENT;
 }
 
 int smtpe_server_accept(smtpe_server *s)
@@ -2247,7 +2312,7 @@ int smtpe_server_reply_id(smtpe_server *s, uint64_t id, unsigned code, const cha
 {
     if (!s || id == 0)
         return s ? SMTPE_ERR_STATE : SMTPE_ERR_INVALID_ARGUMENT;
-    return give_verdict(s, id, code, enhanced, text);
+    return give_verdict(s, id, 1, code, enhanced, text);
 }
 
 int smtpe_server_accept_id(smtpe_server *s, uint64_t id)
