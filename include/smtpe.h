@@ -651,12 +651,16 @@ SMTPE_API int smtpe_server_accept(smtpe_server *s);
  *    time: concurrent verdicts change when replies leave, never what they say (but for the
  *    bound on reply length below).
  *  - The spans of each event stay valid until that event's own verdict (the engine keeps one
- *    line buffer per held command).
+ *    line buffer per held command), or, for a verdict the session drops (below), until the
+ *    session is freed: a closing session reads nothing more.
  *  - A reply to MAIL or RCPT may take at most B octets (smtpe_server_memory_size; CRLFs
  *    included, so one line of 512 octets always fits); a longer one gets
  *    SMTPE_ERR_REPLY_TOO_LONG.
  *  - smtpe_server_close, QUIT, a timeout and the error limit drop every verdict still owed;
- *    calls for them then return SMTPE_ERR_STATE.
+ *    calls for them then return SMTPE_ERR_STATE (smtpe_server_want then says
+ *    SMTPE_WANT_CLOSE: a host cancels its lookups then).
+ *  - The calls without an id answer the oldest owed verdict, so a host that answers in command
+ *    order may use them; one whose lookups finish in any order uses these.
  * Returns what smtpe_server_reply / smtpe_server_accept return; SMTPE_ERR_STATE also when no
  * taken event with that id waits. RFC 2920 §3.1. */
 SMTPE_API int smtpe_server_reply_id(smtpe_server *s, uint64_t id, unsigned code,
