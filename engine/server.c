@@ -2246,7 +2246,7 @@ static int give_verdict(smtpe_server *s, uint64_t id, int host, unsigned code,
         s->owed--;
         s->timer_restart = 1;
         resume(s);
-        return 0;
+        return SMTPE_VOIDED;
     }
     if (q != q_at(s, 0))
         return hold_verdict(s, q, code, enhanced, text);
@@ -2524,6 +2524,8 @@ const char *smtpe_strerror(int err)
     switch (err) {
     case 0:
         return "success";
+    case SMTPE_VOIDED:
+        return "verdict for a RCPT its MAIL's refusal voided (not an error)";
     case SMTPE_ERR_INVALID_ARGUMENT:
         return "invalid argument";
     case SMTPE_ERR_STATE:

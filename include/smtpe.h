@@ -104,8 +104,12 @@ typedef ptrdiff_t smtpe_ssize;
 #define SMTPE_ERR_NOMEM (-901)            /* the allocator returned NULL */
 #define SMTPE_ERR_CONFIG (-902)           /* the config is inconsistent (limits out of range) */
 
-/* Returns a static, human-readable description of an SMTPE_ERR_* code ("unknown error" for
- * anything else). The string lives forever. */
+/* Not an error: a verdict taken for a RCPT that its MAIL's refusal voided (concurrent
+ * verdicts: see smtpe_server_reply_id). The client had 503 5.5.1; the verdict changed nothing. */
+#define SMTPE_VOIDED 1
+
+/* Returns a static, human-readable description of an SMTPE_ERR_* code or SMTPE_VOIDED
+ * ("unknown error" for anything else). The string lives forever. */
 SMTPE_API const char *smtpe_strerror(int err);
 
 /* A run of octets. ptr is not NUL-terminated; its lifetime is given where the span is returned. */
@@ -610,10 +614,11 @@ SMTPE_API int smtpe_server_next_event_versioned(smtpe_server *s, int event_versi
  * 4xx/5xx; AUTH 2xx authenticates; PROXY and XCLIENT take 220 (text replaces greeting_text in
  * the greeting) or, for PROXY, 421/5xx which closes; 3xx is allowed only for DATA (354) and
  * UNKNOWN. A 421 from the host closes the session after it is sent.
- * Returns 0, SMTPE_ERR_STATE (no taken event waits for a verdict: none was given out, it is
- * still to be taken with next_event, or the session is closing), SMTPE_ERR_INVALID_ARGUMENT
- * (bad code for the event, bad characters) or SMTPE_ERR_REPLY_TOO_LONG. RFC 5321 §4.2,
- * RFC 3463. */
+ * Returns 0, SMTPE_VOIDED (only with concurrent verdicts: the oldest owed was a voided RCPT's,
+ * see smtpe_server_reply_id), SMTPE_ERR_STATE (no taken event waits for a verdict: none was
+ * given out, it is still to be taken with next_event, or the session is closing),
+ * SMTPE_ERR_INVALID_ARGUMENT (bad code for the event, bad characters) or
+ * SMTPE_ERR_REPLY_TOO_LONG. RFC 5321 §4.2, RFC 3463. */
 SMTPE_API int smtpe_server_reply(smtpe_server *s, unsigned code, const char *enhanced,
                                  const char *text);
 
@@ -621,7 +626,7 @@ SMTPE_API int smtpe_server_reply(smtpe_server *s, unsigned code, const char *enh
  * with the extensions, HELO 250, MAIL 250 2.1.0, RCPT 250 2.1.5, DATA 354, DATA_END 250 2.0.0,
  * VRFY/EXPN 252 2.5.0, UNKNOWN 500 5.5.1, STARTTLS 220 2.0.0, AUTH 235 2.7.0, CHUNK_END
  * 250 2.0.0 "<n> octets received", PROXY and XCLIENT the greeting, XFORWARD 250 2.0.0.
- * Returns 0 or SMTPE_ERR_STATE. */
+ * Returns 0, SMTPE_VOIDED (as smtpe_server_reply) or SMTPE_ERR_STATE. */
 SMTPE_API int smtpe_server_accept(smtpe_server *s);
 
 /* smtpe_server_reply and smtpe_server_accept for the event whose ev.id is id, which need not
@@ -644,7 +649,7 @@ SMTPE_API int smtpe_server_accept(smtpe_server *s);
  *  - A RCPT handed out before its MAIL's verdict belongs to that MAIL. If the MAIL is refused,
  *    each such RCPT is answered 503 5.5.1 "Need MAIL command" at once, whatever the host says
  *    of it, as the client would be answered without pipelining; its verdict is still owed,
- *    returns 0 and changes nothing. (The host knows: it refused the MAIL.)
+ *    changes nothing and returns SMTPE_VOIDED, so a host never counts such a recipient.
  *  - A RCPT that would pass max_recipients were the waiting RCPTs all accepted waits like
  *    the other commands, and gets its 452 4.5.3 (RFC 5321 §4.5.3.1.10) only if they are.
  *  - So the client gets exactly the replies it would get were the same verdicts given one at a
@@ -661,8 +666,8 @@ SMTPE_API int smtpe_server_accept(smtpe_server *s);
  *    SMTPE_WANT_CLOSE: a host cancels its lookups then).
  *  - The calls without an id answer the oldest owed verdict, so a host that answers in command
  *    order may use them; one whose lookups finish in any order uses these.
- * Returns what smtpe_server_reply / smtpe_server_accept return; SMTPE_ERR_STATE also when no
- * taken event with that id waits. RFC 2920 §3.1. */
+ * Returns what smtpe_server_reply / smtpe_server_accept return, and SMTPE_VOIDED (1) for a
+ * voided RCPT; SMTPE_ERR_STATE also when no taken event with that id waits. RFC 2920 §3.1. */
 SMTPE_API int smtpe_server_reply_id(smtpe_server *s, uint64_t id, unsigned code,
                                     const char *enhanced, const char *text);
 SMTPE_API int smtpe_server_accept_id(smtpe_server *s, uint64_t id);

@@ -1715,13 +1715,15 @@ static int glob_match(const char *pat, const uint8_t *s, size_t n)
     return ok;
 }
 
-/* The error codes a V: line may expect instead of success: "!STATE" and so on. */
+/* The returns a V: line may expect instead of 0: "!STATE" and so on (and "!VOIDED", not an
+ * error: the verdict of a voided RCPT). */
 static const struct {
     const char *name;
     int code;
 } verdict_errors[] = {{"STATE", SMTPE_ERR_STATE},
                       {"INVALID", SMTPE_ERR_INVALID_ARGUMENT},
-                      {"TOO_LONG", SMTPE_ERR_REPLY_TOO_LONG}};
+                      {"TOO_LONG", SMTPE_ERR_REPLY_TOO_LONG},
+                      {"VOIDED", SMTPE_VOIDED}};
 
 static const char *verdict_error_name(int code)
 {
@@ -1732,9 +1734,9 @@ static const char *verdict_error_name(int code)
 }
 
 /* V: k [!ERR] verdict: the host's verdict for the k-th held event, by its id, once the client
- * octets sent before it are fed. Unless an error is expected, the event's spans must still hold
- * the octets they held when it was taken. Then the pending client octets are fed again (the
- * engine may read on now). */
+ * octets sent before it are fed. Unless an error is expected (!VOIDED is none), the event's
+ * spans must still hold the octets they held when it was taken. Then the pending client octets
+ * are fed again (the engine may read on now). */
 static void step_verdict(runner *r, const hs_line *l)
 {
     pump(r, l);
@@ -1760,7 +1762,8 @@ static void step_verdict(runner *r, const hs_line *l)
                 found = 1;
             }
         if (!found) {
-            rfail(r, l, "V: expects !STATE, !INVALID or !TOO_LONG, not \"%.*s\"", (int)n, t);
+            rfail(r, l, "V: expects !STATE, !INVALID, !TOO_LONG or !VOIDED, not \"%.*s\"",
+                  (int)n, t);
             return;
         }
         t = sp ? sp + 1 : t + 1 + n;
@@ -1777,13 +1780,14 @@ static void step_verdict(runner *r, const hs_line *l)
         return;
     }
     held_ev *h = &r->held[k - 1];
-    if (expect == 0 && h->left == 0) {
+    int success = expect == 0 || expect == SMTPE_VOIDED;
+    if (success && h->left == 0) {
         hs_buf_free(&v.text);
         rfail(r, l, "held event %lu (E: %s) has had its verdicts already (V: %lu !STATE ... "
                     "checks that another is refused)", k, hs_buf_cstr(&h->text), k);
         return;
     }
-    if (expect == 0 && !held_spans_intact(h)) {
+    if (success && !held_spans_intact(h)) {
         hs_buf now = {0}, err = {0}, d = {0};
         if (hs_format_event(&now, &h->ev, &err) < 0)
             hs_buf_add(&d, err.p, err.len);
@@ -1813,7 +1817,7 @@ static void step_verdict(runner *r, const hs_line *l)
     }
     if (h->left > 0 &&
         (rc == 0 ? --h->left == 0 || (smtpe_server_want(r->sess.srv) & SMTPE_WANT_CLOSE)
-                 : rc == SMTPE_ERR_STATE)) {
+                 : rc == SMTPE_ERR_STATE || rc == SMTPE_VOIDED)) {
         h->left = 0; /* done: all its verdicts given, a 421 closed, or none is owed any more */
         r->held_open--;
         r->sess.holding = r->held_open;

@@ -606,7 +606,7 @@ static void test_concurrent_partial_release(void **state)
 }
 
 /* The MAIL is refused after its RCPTs were handed out: each gets 503 5.5.1 at once, whatever its
- * verdict; those verdicts are still owed, return 0 and change nothing; DATA, whose turn has
+ * verdict; those verdicts are still owed, return SMTPE_VOIDED and change nothing; DATA, whose turn has
  * come, gets 503 too without waiting for them. */
 static void test_concurrent_mail_refused(void **state)
 {
@@ -630,7 +630,7 @@ static void test_concurrent_mail_refused(void **state)
     assert_true(smtpe_server_want(t.s) & SMTPE_WANT_VERDICT);
     assert_true(span_is(r[1].rcpt.forward_path.mailbox, "y@example.com"));
     as_no_event(&t);
-    assert_int_equal(smtpe_server_accept_id(t.s, r[1].id), 0);
+    assert_int_equal(smtpe_server_accept_id(t.s, r[1].id), SMTPE_VOIDED);
     assert_int_equal(smtpe_server_accept_id(t.s, r[1].id), SMTPE_ERR_STATE);
     assert_int_equal(smtpe_server_accept_id(t.s, r[0].id), SMTPE_ERR_STATE);
     assert_false(smtpe_server_want(t.s) & SMTPE_WANT_VERDICT);

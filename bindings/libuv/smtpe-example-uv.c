@@ -277,8 +277,8 @@ static int rcpt_verdict(struct conn *c, uint64_t id, const smtpe_path *p)
 
     if (!domain_is_ours(p))
         return smtpe_server_reply_id(c->s, id, 550, "5.7.1", "Relaying denied");
-    /* (Had we refused this RCPT's MAIL, the engine would have answered it 503 already; the
-     * call still returns 0. We accept every MAIL, so this counts true recipients.) */
+    /* SMTPE_VOIDED instead of 0: we had refused this RCPT's MAIL, and the engine answered the
+     * RCPT 503 already; it is no recipient. (We accept every MAIL, so it does not happen here.) */
     rc = smtpe_server_accept_id(c->s, id);
     if (rc == 0)
         c->msg.rcpts++;
