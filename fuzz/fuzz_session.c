@@ -76,10 +76,10 @@
  * batch run 1 has read further than run 2). Never by the split, the order of verdicts or the
  * index of the event: run 1 can take RCPT events run 2 never sees, a RCPT handed out before its
  * MAIL's verdict when the MAIL is then refused ("voided": the engine answers it 503 5.5.1 itself
- * and its verdict, still owed, changes nothing; run 2 executes that line after the refusal and
- * answers 503 without an event), and a RCPT handed out after the command the session then closes
- * at (a 421, a host close, the error limit reached by an earlier reply: "dropped"; run 2 never
- * reads that line).
+ * and its verdict, still owed, changes nothing and returns SMTPE_VOIDED; run 2 executes that
+ * line after the refusal and answers 503 without an event), and a RCPT handed out after the
+ * command the session then closes at (a 421, a host close, the error limit reached by an
+ * earlier reply: "dropped"; run 2 never reads that line).
  *
  * The clock. It only moves right after an event has been handled (a verdict event: after its
  * last verdict), in both runs, so the timeouts see the same history; with N > 1 not after MAIL
@@ -198,7 +198,9 @@
  *       nothing; once the session starts closing every verdict still owed does;
  *       SMTPE_WANT_VERDICT is set exactly while the host owes a verdict for a taken event; the
  *       spans of each owed event hold what they held at next_event until its own verdict (a
- *       voided RCPT's too); ev.id increases from event to event (0 for DATA_CHUNK);
+ *       voided RCPT's too), or, for a verdict dropped by the close, until the session is freed;
+ *       a verdict returns SMTPE_VOIDED exactly when it is a voided RCPT's (and its arguments
+ *       are valid); ev.id increases from event to event (0 for DATA_CHUNK);
  *       ev.abandoned is 1 exactly when RSET, HELO, QUIT, TIMEOUT or ERROR_LIMIT ends a
  *       transaction whose MAIL got a 2xx verdict and whose content has not ended since, 0 on
  *       every other event;
@@ -577,6 +579,8 @@ typedef struct run {
     /* the verdicts owed, oldest first */
     owed *ow;
     size_t nowed, capowed, nvoided;
+    owed *dropped; /* the verdicts owed when the session started closing */
+    size_t ndropped;
     unsigned most_owed; /* the most owed at once (trace) */
 
     /* concurrent verdicts: a batch is the time during which MAIL / RCPT verdicts are owed; its
@@ -1814,8 +1818,13 @@ static void on_close(run *r)
                        smtpe_server_accept_id(r->s, e->id) == SMTPE_ERR_STATE,
                    "a verdict owed before the session started closing was accepted (smtpe.h: "
                    "closing drops every verdict still owed)");
-        fz_free(&e->copy);
     }
+    /* smtpe.h: the spans of a dropped verdict's event stay valid until the session is freed
+     * (finish checks them) */
+    r->dropped = r->ow;
+    r->ndropped = r->nowed;
+    r->ow = NULL;
+    r->capowed = 0;
     FUZZ_CHECK(smtpe_server_accept(r->s) == SMTPE_ERR_STATE,
                "a verdict was accepted once the session is closing");
     sync_out(r);
@@ -1949,9 +1958,17 @@ static void answer(run *r, size_t i)
             FUZZ_CHECK(rc == 0, "auth_challenge refused a challenge of at most 1536 octets");
         challenged = rc == 0;
     }
-    FUZZ_CHECK(rc == 0 || rc == SMTPE_ERR_INVALID_ARGUMENT || rc == SMTPE_ERR_REPLY_TOO_LONG ||
-                   (kind == K_CHALLENGE && rc == SMTPE_ERR_STATE),
+    FUZZ_CHECK(rc == 0 || rc == SMTPE_VOIDED || rc == SMTPE_ERR_INVALID_ARGUMENT ||
+                   rc == SMTPE_ERR_REPLY_TOO_LONG || (kind == K_CHALLENGE && rc == SMTPE_ERR_STATE),
                "reply/close returned an error other than INVALID_ARGUMENT/REPLY_TOO_LONG");
+    /* smtpe.h: the verdict of a voided RCPT returns SMTPE_VOIDED (its arguments are checked
+     * first), no other verdict does */
+    if (kind == K_REPLY) /* (accept: below) */
+        FUZZ_CHECK(voided ? rc == SMTPE_VOIDED || rc < 0 : rc != SMTPE_VOIDED,
+                   "a verdict returned SMTPE_VOIDED for a RCPT not voided, or another result for "
+                   "a voided one (smtpe.h: a RCPT its MAIL's refusal voided)");
+    else if (kind == K_CLOSE)
+        FUZZ_CHECK(rc != SMTPE_VOIDED, "smtpe_server_close returned SMTPE_VOIDED");
     /* the reply is queued now unless it waits for an earlier one (or was voided); it is seen
      * unless it went to the ring's second run (maybe_b) */
     int now_out = !voided && (!batch || oldest_live);
@@ -1969,7 +1986,9 @@ static void answer(run *r, size_t i)
     if (kind == K_ACCEPT || rc < 0) {
         rc = by_id ? smtpe_server_accept_id(r->s, e->id) : smtpe_server_accept(r->s);
         after_call(r);
-        FUZZ_CHECK(rc == 0, "smtpe_server_accept failed while a verdict was due");
+        FUZZ_CHECK(rc == (voided ? SMTPE_VOIDED : 0),
+                   "smtpe_server_accept failed while a verdict was due (a voided RCPT's: "
+                   "SMTPE_VOIDED)");
         code = default_code(t);
         sync_out(r);
     }
@@ -2091,7 +2110,9 @@ static void answer(run *r, size_t i)
     if (t == SMTPE_EV_DATA_END) {
         /* oracle (h): one verdict per recipient under LMTP */
         e->verdicts_left = closing ? 0 : e->verdicts_left - 1;
-        FUZZ_CHECK(!!(w & SMTPE_WANT_VERDICT) == (e->verdicts_left > 0 || r->nowed > 1),
+        /* (closing drops every verdict still owed, voided RCPTs' too) */
+        FUZZ_CHECK(!!(w & SMTPE_WANT_VERDICT) ==
+                       (!closing && (e->verdicts_left > 0 || r->nowed > 1)),
                    "SMTPE_WANT_VERDICT after a DATA_END verdict disagrees with the verdicts "
                    "still owed (ev.data_end.replies)");
         if (e->verdicts_left > 0) {
@@ -2614,6 +2635,8 @@ static void finish(run *r)
 {
     smtpe_server_stats st;
     smtpe_server_get_stats(r->s, &st);
+    for (size_t i = 0; i < r->ndropped; i++)
+        check_spans(&r->dropped[i]);
     FUZZ_CHECK(r->nowed == 0, "harness: verdicts still owed at the end");
     FUZZ_CHECK(st.octets_in == r->consumed, "stats octets_in is not the octets consumed");
     FUZZ_CHECK(st.octets_out == r->acked, "stats octets_out is not the octets acknowledged");
@@ -2681,6 +2704,9 @@ static void run_free(run *r)
     for (size_t i = 0; i < r->nowed; i++)
         fz_free(&r->ow[i].copy);
     free(r->ow);
+    for (size_t i = 0; i < r->ndropped; i++)
+        fz_free(&r->dropped[i].copy);
+    free(r->dropped);
     free(r->feed);
 }
 
