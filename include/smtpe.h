@@ -481,9 +481,10 @@ typedef struct smtpe_event {
      * DATA_END (whatever its status), its own 4xx/5xx to CHUNK_END, its own
      * smtpe_server_close, the client's disconnection. 0 otherwise. */
     int abandoned;
-    /* The event's number in the session: 1, 2, 3, ... in the order events are taken (0 for
-     * DATA_CHUNK). The verdict calls with an id (smtpe_server_reply_id, smtpe_server_accept_id)
-     * name the event by it. */
+    /* The event's number in the session, increasing in the order events are taken (0 for
+     * DATA_CHUNK; a number may be skipped: that of an event dropped before it was taken). The
+     * verdict calls with an id (smtpe_server_reply_id, smtpe_server_accept_id) name the event
+     * by it. */
     uint64_t id;
     union {
         smtpe_event_helo helo;
