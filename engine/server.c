@@ -144,7 +144,8 @@ struct smtpe_server {
  * When a version adds fields, the entries before it become offsetof(smtpe_server_config,
  * <its first new field>). */
 static const size_t config_sizes[] = {0, sizeof(smtpe_server_config)};
-#define CONFIG_VERSION_KNOWN(v) ((v) >= 1 && (size_t)(v) < sizeof config_sizes / sizeof *config_sizes)
+#define CONFIG_VERSION_KNOWN(v)                                                                 \
+    ((v) >= 1 && (size_t)(v) < sizeof config_sizes / sizeof *config_sizes)
 
 static void config_defaults(smtpe_server_config *cfg)
 {

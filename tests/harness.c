@@ -74,6 +74,21 @@ const char *hs_buf_cstr(hs_buf *b)
 
 /* ---- escapes ----------------------------------------------------------------------------- */
 
+int hs_output_differs(const hs_buf *got, const char *want, hs_buf *msg)
+{
+    size_t n = strlen(want);
+    hs_buf a = {0}, b = {0};
+    if (got->len == n && hs_memeq(got->p, want, n))
+        return 0;
+    hs_escape(&a, got->p, got->len);
+    hs_escape(&b, (const uint8_t *)want, n);
+    hs_buf_addf(msg, "output mismatch\n  got:      \"%s\"\n  expected: \"%s\"", hs_buf_cstr(&a),
+                hs_buf_cstr(&b));
+    hs_buf_free(&a);
+    hs_buf_free(&b);
+    return 1;
+}
+
 void hs_escape(hs_buf *out, const uint8_t *p, size_t n)
 {
     for (size_t i = 0; i < n; i++) {

@@ -35,6 +35,10 @@ void hs_buf_free(hs_buf *b);
 /* NUL-terminates the contents (the NUL is not counted in len) and returns them. */
 const char *hs_buf_cstr(hs_buf *b);
 
+/* Whether the octets in got differ from the string want; if so msg gets "output mismatch"
+ * with both, escaped (for a test's failure message). */
+int hs_output_differs(const hs_buf *got, const char *want, hs_buf *msg);
+
 /* Appends p[0..n) with C escapes: \r \n \t \\ \" and \xHH for other octets outside 0x20..0x7e. */
 void hs_escape(hs_buf *out, const uint8_t *p, size_t n);
 /* Appends the octets that s[0..n) denotes: \r \n \t \0 \\ \" \' \* and \xHH (two hex digits).

@@ -92,15 +92,10 @@ static void ts_take(ts *t)
 /* Compares the output taken since the last check with want. */
 static void ts_expect(ts *t, const char *want)
 {
+    hs_buf msg = {0};
     ts_take(t);
-    size_t n = strlen(want);
-    if (t->out.len != n || !hs_memeq(t->out.p, want, n)) {
-        hs_buf a = {0}, b = {0};
-        hs_escape(&a, t->out.p, t->out.len);
-        hs_escape(&b, (const uint8_t *)want, n);
-        fail_msg("output mismatch\n  got:      \"%s\"\n  expected: \"%s\"", hs_buf_cstr(&a),
-                 hs_buf_cstr(&b));
-    }
+    if (hs_output_differs(&t->out, want, &msg))
+        fail_msg("%s", hs_buf_cstr(&msg));
     hs_buf_reset(&t->out);
 }
 
