@@ -44,6 +44,7 @@ enum { AUTH_NONE, AUTH_PLAIN_WAIT, AUTH_LOGIN_USER, AUTH_LOGIN_PASS, AUTH_OTHER,
 #define AUTH_USER_MAX 255  /* LOGIN user name kept between its two lines */
 #define AUTH_MECH_MAX 20   /* RFC 4422 §3.1 */
 #define LMTP_REPLY_ROOM 512 /* octets reserved per recipient for LMTP's per-recipient replies */
+#define LMTP_RCPT_MAX 100000 /* max_recipients under LMTP (51 MB of reply room) */
 #define PENDING_MAX 1024    /* max_pending_verdicts */
 enum { HELO_NONE, HELO_SMTP, HELO_ESMTP };
 
@@ -224,6 +225,7 @@ static int config_valid(const smtpe_server_config *c)
     if (c->auth_mechanisms && !mechanisms_valid(c->auth_mechanisms))
         return 0;
     if (c->max_line_length < 512 || c->max_line_length > 65536 || c->max_recipients == 0 ||
+        (c->lmtp && c->max_recipients > LMTP_RCPT_MAX) ||
         c->reply_buffer_size < 2048 || c->reply_buffer_size > 1048576 ||
         (unsigned)c->line_ending > SMTPE_LINE_ENDING_KEEP || c->ehlo_extra_count > 64 ||
         (c->ehlo_extra_count && !c->ehlo_extra) || c->max_pending_verdicts == 0 ||
@@ -2340,9 +2342,8 @@ int smtpe_server_close(smtpe_server *s, unsigned code, const char *enhanced, con
         enhanced = default_enhanced(enh, code);
     if (!text)
         text = default_text(code);
-    r = out_reply(s, code, enhanced, text, strlen(text), 1);
-    if (r != 0)
-        return r;
+    if (out_reply(s, code, enhanced, text, strlen(text), 1) != 0) /* no room for the text */
+        (void)out_reply(s, code, enhanced, default_text(code), strlen(default_text(code)), 1);
     drop_owed(s);
     s->closing = 1;
     if (s->auth != AUTH_NONE)

@@ -47,8 +47,11 @@
  *     is only ever given to a session whose config asks for the feature it belongs to, which
  *     an older program cannot do.
  * The shared library exports exactly the functions declared with SMTPE_API here (a linker
- * version script, node SMTPE_0.2); the engine's internal functions are hidden in every build,
- * so two copies of smtpe (a static one inside a plug-in, say) never clash in one process.
+ * version script, node SMTPE_0.2); the engine's internal functions are hidden in every build
+ * (static in the amalgamated smtpe.c). A copy of smtpe compiled into a shared object of the
+ * embedder's (a plug-in, a language binding) keeps its API out of that object's exports too
+ * when built with SMTPE_API hidden (below) or -fvisibility=hidden, so two copies in one
+ * process never bind to each other's functions.
  */
 #ifndef SMTPE_H
 #define SMTPE_H
@@ -193,7 +196,8 @@ typedef struct smtpe_server_config {
      * A longer line is skipped to its CRLF and answered 500 5.5.2. Range 512..65536. Default 512. */
     size_t max_line_length;
     /* Most recipients accepted per transaction (RFC 5321 §4.5.3.1.8: at least 100); then
-     * 452 4.5.3. Default 100. */
+     * 452 4.5.3. At least 1; under LMTP at most 100000 (each takes room for its own reply).
+     * Default 100. */
     unsigned max_recipients;
     /* Protocol errors (500-504 and 555 replies, and 535 authentication failures, so that the
      * limit also bounds password guessing) allowed per session; the next one is answered
@@ -208,8 +212,11 @@ typedef struct smtpe_server_config {
     smtpe_line_ending_policy line_ending;
     /* Accept MAIL FROM:/RCPT TO: paths without angle brackets. Off (0) by default. */
     int lax_angle_brackets;
-    /* Size of the reply (output) buffer in octets. It bounds how many pipelined replies can be
-     * queued before the engine stops consuming input until the host sends them. Range
+    /* Size of the reply (output) buffer in octets. The engine reads a command only while room
+     * for the longest reply it may owe stays free (R + 600 octets, about 3.1 KiB: see
+     * smtpe_server_memory_size), so about reply_buffer_size - 3.1 KiB of pipelined replies can
+     * wait unsent before it stops consuming input until the host sends them; at the smallest
+     * values none can (each reply must go out before the next command is read). Range
      * 2048..1048576. Default 4096. */
     size_t reply_buffer_size;
     /* SASL mechanisms offered by AUTH (RFC 4954), space-separated, e.g. "PLAIN LOGIN XOAUTH2";
@@ -705,8 +712,13 @@ SMTPE_API int smtpe_server_set_trusted(smtpe_server *s, int trusted);
  * and makes the session want to close once output is sent; it consumes no more input. If no
  * octet of output has been handed out by smtpe_server_send_buf yet, the reply replaces the
  * greeting (e.g. 421 4.7.0 at connect when the host is full, 554 for a refused client). Every
- * verdict still owed is dropped, and an event not yet taken with it.
- * Returns 0, SMTPE_ERR_STATE (already closing) or SMTPE_ERR_INVALID_ARGUMENT. */
+ * verdict still owed is dropped, and an event not yet taken with it. The session always keeps
+ * 600 octets for this reply (a line of 400 octets of text always fits); a longer text that
+ * finds no room behind unsent replies is replaced by the default text of the code, and the
+ * session closes all the same.
+ * Returns 0, SMTPE_ERR_STATE (already closing), SMTPE_ERR_INVALID_ARGUMENT (bad code, bad
+ * characters) or SMTPE_ERR_REPLY_TOO_LONG (text over the limits of smtpe_server_reply); on an
+ * error nothing is done. */
 SMTPE_API int smtpe_server_close(smtpe_server *s, unsigned code, const char *enhanced,
                                  const char *text);
 

@@ -487,6 +487,53 @@ static void test_close_after_handing_out(void **state)
     as_close(&t);
 }
 
+/* smtpe_server_close always closes: a text that the room kept for the final reply cannot hold
+ * behind unsent replies gives way to the code's default text. */
+static void test_close_always_closes(void **state)
+{
+    (void)state;
+    as t;
+    char text[2100];
+    as_open(&t, 1);
+    t.cfg.reply_buffer_size = 2048; /* the smallest ring: R + 600 */
+    as_reopen(&t);
+    as_take(&t);
+    hs_buf_reset(&t.out);
+    as_send(&t, "VRFY someone\r\n");
+    (void)as_event(&t, SMTPE_EV_VRFY);
+    for (int i = 0; i < 4; i++) { /* a long reply that stays unsent: 5 lines of 400 octets */
+        memset(text + i * 401, 'v', 400);
+        text[i * 401 + 400] = '\n';
+    }
+    memset(text + 4 * 401, 'v', 400);
+    text[5 * 401 - 1] = 0;
+    assert_int_equal(smtpe_server_reply(t.s, 252, "2.5.0", text), 0);
+    for (int i = 0; i < 3; i++) { /* four lines of 340 octets: more than 600 with the codes */
+        memset(text + i * 341, 'a' + i, 340);
+        text[i * 341 + 340] = '\n';
+    }
+    memset(text + 3 * 341, 'd', 340);
+    text[4 * 341 - 1] = 0;
+    assert_int_equal(smtpe_server_close(t.s, 421, "4.3.2", text), 0);
+    assert_true(smtpe_server_want(t.s) & SMTPE_WANT_CLOSE);
+    as_take(&t);
+    assert_true(t.out.len > 20);
+    assert_memory_equal(t.out.p + t.out.len - strlen("421 4.3.2 Try again later\r\n"),
+                        "421 4.3.2 Try again later\r\n", strlen("421 4.3.2 Try again later\r\n"));
+    as_close(&t);
+    /* with room, the text goes out as given; text over the limits is refused, nothing done */
+    as_open(&t, 1);
+    memset(text, 'x', 401);
+    text[401] = 0;
+    assert_int_equal(smtpe_server_close(t.s, 421, "4.3.2", text), SMTPE_ERR_REPLY_TOO_LONG);
+    assert_false(smtpe_server_want(t.s) & SMTPE_WANT_CLOSE);
+    text[400] = 0;
+    assert_int_equal(smtpe_server_close(t.s, 421, "4.3.2", text), 0);
+    as_take(&t);
+    assert_int_equal(t.out.len, strlen("421 4.3.2 \r\n") + 400);
+    as_close(&t);
+}
+
 /* ---- verdicts only for taken events ------------------------------------------------------ */
 
 static void test_verdict_needs_taken_event(void **state)
@@ -966,6 +1013,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_stable_output_random_acks),
         cmocka_unit_test(test_stable_output_two_runs),
         cmocka_unit_test(test_close_after_handing_out),
+        cmocka_unit_test(test_close_always_closes),
         cmocka_unit_test(test_verdict_needs_taken_event),
         cmocka_unit_test(test_concurrent_reverse_order),
         cmocka_unit_test(test_concurrent_partial_release),
