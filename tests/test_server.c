@@ -199,7 +199,7 @@ static void test_config_errors(void **state)
     memset(longextra, 'X', 121);
     longextra[121] = 0;
     static const char *extra_ptr[1] = {longextra};
-    for (int i = 0; i < 8; i++) {
+    for (int i = 0; i < 11; i++) {
         smtpe_server_config c;
         ts_config(&c);
         switch (i) {
@@ -211,6 +211,9 @@ static void test_config_errors(void **state)
         case 5: c.ehlo_extra = extra_ptr; c.ehlo_extra_count = 1; break;
         case 6: c.max_line_length = 0; break;
         case 7: c.ehlo_extra = NULL; c.ehlo_extra_count = 1; break; /* inconsistent */
+        case 8: c.max_pending_verdicts = 0; break;
+        case 9: c.max_pending_verdicts = 1025; break;
+        case 10: c.lmtp = 1; c.max_recipients = 100001; break; /* its reply room */
         }
         if (smtpe_server_memory_size(&c) != 0)
             fail_msg("invalid config %d: smtpe_server_memory_size is not 0", i);
