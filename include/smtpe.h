@@ -656,8 +656,10 @@ SMTPE_API int smtpe_server_accept(smtpe_server *s);
  *    max_errors counts replies in that order.
  *  - A RCPT handed out before its MAIL's verdict belongs to that MAIL. If the MAIL is refused,
  *    each such RCPT is answered 503 5.5.1 "Need MAIL command" at once, whatever the host says
- *    of it, as the client would be answered without pipelining; its verdict is still owed,
- *    changes nothing and returns SMTPE_VOIDED, so a host never counts such a recipient.
+ *    of it, as the client would be answered without pipelining: a verdict given to it already
+ *    (held for its turn) is void too, so a host that refuses a MAIL drops the recipients it
+ *    counted for it; a verdict still owed changes nothing when it comes and returns
+ *    SMTPE_VOIDED.
  *  - A RCPT that would pass max_recipients were the waiting RCPTs all accepted waits like
  *    the other commands, and gets its 452 4.5.3 (RFC 5321 §4.5.3.1.10) only if they are.
  *  - So the client gets exactly the replies it would get were the same verdicts given one at a

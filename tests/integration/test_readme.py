@@ -143,6 +143,20 @@ class ReadmeExample(unittest.TestCase):
         out, _ = self.finish()
         self.assertEqual(out, b"Subject: p\r\n\r\n" + b"line\r\n" * 2000)
 
+    def test_client_gone_mid_reply(self):
+        # a client that pipelines thousands of commands and leaves without reading: the
+        # session ends with -1 (the send fails), the program lives on and serves the next
+        port = self.start(4)
+        for _ in range(3):  # the replies meet a closed socket: EPIPE (SIGPIPE for write())
+            c = socket.create_connection(("127.0.0.1", port), timeout=SAFETY)
+            c.sendall(b"EHLO x\r\n" + b"NOOP\r\n" * 3000)
+            c.close()
+            time.sleep(0.2)
+        with smtplib.SMTP("127.0.0.1", port, timeout=SAFETY) as s:
+            self.assertEqual(s.noop()[0], 250)
+        _, err = self.finish()
+        self.assertIn("serve: -1", err)
+
     def test_byte_at_a_time_and_sessions_in_turn(self):
         port = self.start(2)
         c = socket.create_connection(("127.0.0.1", port), timeout=SAFETY)
