@@ -421,7 +421,8 @@ static size_t host_text(const smtpe_server *s, char *buf, const char *phrase)
 
 static held *q_at(const smtpe_server *s, unsigned i)
 {
-    return &s->held[(s->q_head + i) % s->npend];
+    unsigned at = s->q_head + i; /* both below npend: no division on this path */
+    return &s->held[at < s->npend ? at : at - s->npend];
 }
 
 /* Whether a queued command counts against max_recipients: a RCPT waiting for its verdict or
@@ -444,7 +445,7 @@ static held *q_push(smtpe_server *s, unsigned kind)
 static void q_pop(smtpe_server *s)
 {
     s->q_rcpts -= (unsigned)q_counted(q_at(s, 0));
-    s->q_head = (s->q_head + 1) % s->npend;
+    s->q_head = s->q_head + 1 < s->npend ? s->q_head + 1 : 0;
     s->q_len--;
 }
 
@@ -595,7 +596,7 @@ static void line_start(smtpe_server *s)
     if (s->lbuf[s->cur].use != BUF_FREE) { /* the last line's buffer is held: take another */
         unsigned i = s->cur;
         while (s->lbuf[i].use != BUF_FREE)
-            i = (i + 1) % s->npend;
+            i = i + 1 < s->npend ? i + 1 : 0;
         s->cur = i;
         s->line.buf = buf_at(s, i);
     }
