@@ -55,6 +55,7 @@ class Example(ts.StderrLog):
         self.dir = tempfile.mkdtemp(prefix="smtpe-example-")
         self.store = os.path.join(self.dir, "mail")
         self.cmd = [PROGRAM, "--listen", listen, "--dir", self.store] + [str(a) for a in args]
+        self.name = PROGRAM
         self.stopped = False
         self.proc = subprocess.Popen(self.cmd, cwd=self.dir, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -98,22 +99,6 @@ class Example(ts.StderrLog):
 
     def alive(self):
         return self.proc.poll() is None
-
-    def stop(self, timeout=None):
-        """SIGTERM; returns the exit status (raises if the server does not exit in time)."""
-        if not self.stopped:
-            self.stopped = True
-            if self.proc.poll() is None:
-                self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(SAFETY if timeout is None else timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise AssertionError("%s did not exit within %.0f s of SIGTERM"
-                                 % (PROGRAM, SAFETY if timeout is None else timeout))
-        self.reader.join(SAFETY)
-        return rc
 
     def cleanup(self):
         try:

@@ -124,7 +124,7 @@ def run_server(args, timeout=None, **kw):
 class StderrLog:
     """The stderr of a child (self.proc, started with stderr=PIPE), read line by line by a
     thread: self.lines under self.cond, which is notified at each line and at the end of the
-    stream (self.eof)."""
+    stream (self.eof); stop() ends the child (self.stopped says it was asked to)."""
 
     def _start_stderr_reader(self):
         self.lines = []
@@ -145,6 +145,26 @@ class StderrLog:
     def log(self):
         with self.cond:
             return list(self.lines)
+
+    name = "smtpe-server"  # the program, in messages
+
+    def stop(self, timeout=None):
+        """SIGTERM; returns the exit status (raises if the server does not exit within timeout
+        seconds, default SAFETY)."""
+        timeout = SAFETY if timeout is None else timeout
+        if self.stopped:
+            return self.proc.returncode
+        self.stopped = True
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError("%s did not exit within %.0f s of SIGTERM" % (self.name, timeout))
+        self.reader.join(SAFETY)
+        return rc
 
 
 class Server(StderrLog):
@@ -252,24 +272,6 @@ class Server(StderrLog):
                                          "exit (a process still holds it)" % timeout)
                 self.cond.wait(left)
             return list(self.lines)
-
-    def stop(self, timeout=None):
-        """SIGTERM; returns the exit status (raises if the server does not exit within timeout
-        seconds, default SAFETY)."""
-        timeout = SAFETY if timeout is None else timeout
-        if self.stopped:
-            return self.proc.returncode
-        self.stopped = True
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise AssertionError("smtpe-server did not exit within %.0f s of SIGTERM" % timeout)
-        self.reader.join(SAFETY)
-        return rc
 
     def cleanup(self):
         try:
