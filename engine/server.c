@@ -141,12 +141,14 @@ struct smtpe_server {
  * Configuration and memory
  * ---------------------------------------------------------------------------------------- */
 
-/* The size of each layout of smtpe_server_config, by version (smtpe.h, "Versions and ABI").
- * When a version adds fields, the entries before it become offsetof(smtpe_server_config,
- * <its first new field>). */
+/* The size of each layout of the versioned structs, by version (smtpe.h, "Versions and ABI").
+ * When a version adds fields, the entries before it become offsetof(<struct>, <its first new
+ * field>). LAYOUT_SIZE gives a version's size, 0 for a version this library does not know. */
 static const size_t config_sizes[] = {0, sizeof(smtpe_server_config)};
-#define CONFIG_VERSION_KNOWN(v)                                                                 \
-    ((v) >= 1 && (size_t)(v) < sizeof config_sizes / sizeof *config_sizes)
+static const size_t event_sizes[] = {0, sizeof(smtpe_event)};
+static const size_t stats_sizes[] = {0, sizeof(smtpe_server_stats)};
+#define LAYOUT_SIZE(sizes, v)                                                                   \
+    ((v) >= 1 && (size_t)(v) < sizeof sizes / sizeof *sizes ? sizes[v] : 0)
 
 static void config_defaults(smtpe_server_config *cfg)
 {
@@ -168,10 +170,11 @@ static void config_defaults(smtpe_server_config *cfg)
 void smtpe_server_config_init_versioned(int config_version, smtpe_server_config *cfg)
 {
     smtpe_server_config d;
-    if (!cfg || !CONFIG_VERSION_KNOWN(config_version))
+    size_t size = LAYOUT_SIZE(config_sizes, config_version);
+    if (!cfg || size == 0)
         return;
     config_defaults(&d);
-    memcpy(cfg, &d, config_sizes[config_version]);
+    memcpy(cfg, &d, size);
 }
 
 /* The caller's config, laid out as config_version says, as the latest layout: the fields its
@@ -179,10 +182,11 @@ void smtpe_server_config_init_versioned(int config_version, smtpe_server_config 
 static int config_latest(int config_version, const smtpe_server_config *cfg,
                          smtpe_server_config *out)
 {
-    if (!CONFIG_VERSION_KNOWN(config_version))
+    size_t size = LAYOUT_SIZE(config_sizes, config_version);
+    if (size == 0)
         return 0;
     config_defaults(out);
-    memcpy(out, cfg, config_sizes[config_version]);
+    memcpy(out, cfg, size);
     return 1;
 }
 
@@ -377,8 +381,6 @@ static size_t out_pending(const smtpe_server *s)
     return s->a_end - s->a_off + s->b_end;
 }
 
-static int input_room_ok(const smtpe_server *s);
-
 static const char *enhanced_for(const smtpe_server *s, unsigned code, const char *enhanced)
 {
     if (!(s->cfg->extensions & SMTPE_EXT_ENHANCEDSTATUSCODES) || code / 100 == 3)
@@ -544,10 +546,12 @@ static int emit(smtpe_server *s, unsigned code, const char *enhanced, const char
 
 /* The engine's own reply to a pipelined RCPT read while earlier replies are owed: it waits in
  * the line's buffer (whose octets are no longer needed) for its turn. */
+static size_t held_format(smtpe_server *s, unsigned b, int write, unsigned code,
+                          const char *enhanced, const char *text);
+
 static int hold_reply(smtpe_server *s, unsigned code, const char *enhanced, const char *text)
 {
-    size_t n = smtpe__reply_format(buf_at(s, s->cur), s->buf_size, code,
-                                   enhanced_for(s, code, enhanced), text, strlen(text));
+    size_t n = held_format(s, s->cur, 1, code, enhanced, text);
     held *q;
     if (n == 0)
         return SMTPE_ERR_REPLY_TOO_LONG;
@@ -1826,13 +1830,10 @@ smtpe_ssize smtpe_server_recv(smtpe_server *s, const uint8_t *buf, size_t len, u
     return (smtpe_ssize)used;
 }
 
-/* The size of each layout of smtpe_event, by version (as config_sizes). */
-static const size_t event_sizes[] = {0, sizeof(smtpe_event)};
-
 int smtpe_server_next_event_versioned(smtpe_server *s, int event_version, smtpe_event *ev)
 {
-    if (!s || !ev || !s->event_ready || event_version < 1 ||
-        (size_t)event_version >= sizeof event_sizes / sizeof *event_sizes)
+    size_t size = LAYOUT_SIZE(event_sizes, event_version);
+    if (!s || !ev || !s->event_ready || size == 0)
         return 0;
     if (s->ev.type == SMTPE_EV_DATA_CHUNK) { /* the hot path: copy only what it uses */
         ev->type = SMTPE_EV_DATA_CHUNK;
@@ -1840,7 +1841,7 @@ int smtpe_server_next_event_versioned(smtpe_server *s, int event_version, smtpe_
         ev->id = 0;
         ev->chunk = s->ev.chunk;
     } else {
-        memcpy(ev, &s->ev, event_sizes[event_version]);
+        memcpy(ev, &s->ev, size);
         if (smtpe_event_needs_reply(&s->ev))
             s->owed++;
     }
@@ -2496,20 +2497,17 @@ int smtpe_server_handle_expiry(smtpe_server *s, uint64_t now_ms)
     return 1;
 }
 
-/* The size of each layout of smtpe_server_stats, by version (as config_sizes). */
-static const size_t stats_sizes[] = {0, sizeof(smtpe_server_stats)};
-
 void smtpe_server_get_stats_versioned(const smtpe_server *s, int stats_version,
                                       smtpe_server_stats *st)
 {
     smtpe_server_stats v;
-    if (!s || !st || stats_version < 1 ||
-        (size_t)stats_version >= sizeof stats_sizes / sizeof *stats_sizes)
+    size_t size = LAYOUT_SIZE(stats_sizes, stats_version);
+    if (!s || !st || size == 0)
         return;
     v = s->stats;
     v.tls = s->tls;
     v.authenticated = s->authenticated;
-    memcpy(st, &v, stats_sizes[stats_version]);
+    memcpy(st, &v, size);
 }
 
 uint32_t smtpe_version(void)
