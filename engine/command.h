@@ -82,4 +82,9 @@ int smtpe__parse_u64(smtpe_span s, uint64_t *v);
 /* The value 0..15 of a hex digit (either case), or -1. */
 int smtpe__hex_digit(int c);
 
+/* Encodes p[0..n) as xtext (RFC 3461 §4: octets "!".."~" but "+" and "=" as they are, every
+ * other octet as "+" and two upper-case hex digits) into out[0..cap). Returns the length, or
+ * SIZE_MAX if it does not fit. With out NULL it only measures (cap ignored). */
+size_t smtpe__xtext_encode(const uint8_t *p, size_t n, uint8_t *out, size_t cap);
+
 #endif

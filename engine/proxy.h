@@ -41,4 +41,12 @@ int smtpe__proxy_feed(smtpe__proxy *st, uint8_t *buf, size_t cap, const uint8_t 
  * so. */
 int smtpe__proxy_parse(const uint8_t *buf, size_t len, smtpe_proxy_info *out);
 
+/* Writes the PROXY header for info (info->version 1 or 2; HAProxy's proxy-protocol.txt §2.1,
+ * §2.2) into out[0..cap), the inverse of smtpe__proxy_parse: v1 "PROXY TCP4|TCP6 ..." (or
+ * "PROXY UNKNOWN\r\n" when info->local or the family is not INET/INET6), v2 the signature,
+ * command PROXY (LOCAL when info->local), the family/transport octet, the address block and
+ * info->tlvs verbatim. Returns the length, or 0 if info is invalid (version, family, a v2
+ * header over 65535 + 16 octets) or the header does not fit. */
+size_t smtpe__proxy_emit(const smtpe_proxy_info *info, uint8_t *out, size_t cap);
+
 #endif

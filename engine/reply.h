@@ -32,4 +32,55 @@ int smtpe__enhanced_valid(const char *s, unsigned code);
  * or the whole too long. */
 int smtpe__reply_text_check(const char *text, size_t len);
 
+/* ---- The strict reply parser (client side). RFC 5321 §4.2, §4.5.3.1.5. ----
+ * A reply is one or more lines "ddd-text" CRLF and a last "ddd text" CRLF or "ddd" CRLF: the
+ * code's digits are 2-5, 0-5, 0-9; every line of a reply carries the same code; only CRLF ends
+ * a line (a bare CR or bare LF is an error); a line holds no NUL. The parser takes one line at
+ * a time into a caller buffer, so the caller looks at each line as it completes (EHLO
+ * keywords) and the last line stays in the buffer (the text of an outcome). */
+typedef struct smtpe__reply_parser {
+    uint8_t *buf;     /* cap octets, owned by the caller */
+    size_t cap;       /* longest line without CRLF (max_reply_line - 2) */
+    size_t len;       /* octets of the current line in buf (CRLF not kept) */
+    size_t total;     /* octets of the current reply so far, CRLFs included */
+    size_t max_total; /* longest reply, all lines */
+    unsigned code;    /* the reply's code, from its first line; 0 before */
+    unsigned lines;   /* lines of the current reply completed */
+    int state;        /* private */
+} smtpe__reply_parser;
+
+/* Results of smtpe__reply_feed. */
+#define SMTPE__RP_MORE 0         /* all input consumed; the line is not complete */
+#define SMTPE__RP_LINE 1         /* a line that is not the last is in buf[0..len) */
+#define SMTPE__RP_DONE 2         /* the last line is in buf[0..len): the reply is complete */
+#define SMTPE__RP_SYNTAX (-1)    /* not "ddd", "ddd-" or "ddd " (or a 1xx, 6xx...), or a NUL */
+#define SMTPE__RP_MISMATCH (-2)  /* a line's code differs from the first line's */
+#define SMTPE__RP_LONG_LINE (-3) /* a line longer than cap */
+#define SMTPE__RP_TOO_BIG (-4)   /* the reply passed max_total octets */
+#define SMTPE__RP_BARE (-5)      /* a bare CR or bare LF */
+
+/* Readies p for a new reply. buf/cap/max_total stay. */
+void smtpe__reply_parser_start(smtpe__reply_parser *p);
+
+/* Consumes octets of in[0..n) until a line completes or an error is found, or the input runs
+ * out; sets *used and returns SMTPE__RP_*. After LINE the next call begins the next line of
+ * the same reply; after DONE the caller calls smtpe__reply_parser_start before the next reply.
+ * After an error the parser must not be fed again (until restarted). Split invariant: any
+ * split of the same octets gives the same results. *used counts the octet that caused an
+ * error. */
+int smtpe__reply_feed(smtpe__reply_parser *p, const uint8_t *in, size_t n, size_t *used);
+
+/* The text of the line in p->buf (after "ddd-" or "ddd "; empty for "ddd"). */
+smtpe_span smtpe__reply_text(const smtpe__reply_parser *p);
+
+/* Splits an enhanced status code off the start of text (RFC 2034 §4: "class.subject.detail"
+ * followed by SP or the end of the text): if it is one (smtpe__enhanced_valid's syntax) and its
+ * class is code's first digit, sets *enhanced to it and *rest to the text after it and the SP,
+ * and returns 1; else *enhanced is empty, *rest is text, and it returns 0. */
+int smtpe__enhanced_split(smtpe_span text, unsigned code, smtpe_span *enhanced,
+                          smtpe_span *rest);
+
+/* A static description of a SMTPE__RP_* error ("malformed reply line", ...). */
+const char *smtpe__reply_error_text(int rp);
+
 #endif

@@ -794,6 +794,429 @@ SMTPE_API void smtpe_server_get_stats_versioned(const smtpe_server *s, int stats
 #define smtpe_server_get_stats(s, st)                                                           \
     smtpe_server_get_stats_versioned((s), SMTPE_SERVER_STATS_VERSION, (st))
 
+/* ---------------------------------------------------------------------------------------------
+ * Client engine (from release 0.3.0)
+ *
+ * The mirror image of the server engine: the host connects, feeds the octets it read from the
+ * server (smtpe_client_recv), pulls events (smtpe_client_next_event), submits transactions
+ * (smtpe_client_submit) and streams their content (smtpe_client_content), and sends what the
+ * engine queued (smtpe_client_send_buf / smtpe_client_send_ack). The engine never reads a
+ * socket, a clock or a TLS library, and allocates memory only when the session is created.
+ *
+ * Its promises, whatever the server sends: a reply is matched only to a command that was sent
+ * (a reply with no command outstanding is a protocol error); nothing it sends can end DATA
+ * early or read as a command (every line-start dot doubled, no bare CR or LF on the wire);
+ * octets received after a STARTTLS 220 and before the handshake never count; no credential
+ * octet leaves in clear unless the host allows it; each recipient gets exactly one outcome.
+ *
+ * RFC 5321 (SMTP) with RFC 2920 (PIPELINING), RFC 1870 (SIZE), RFC 6152 (8BITMIME), RFC 3030
+ * (CHUNKING, BINARYMIME), RFC 6531 (SMTPUTF8), RFC 3207 (STARTTLS), RFC 4954 (AUTH: PLAIN
+ * RFC 4616, LOGIN, XOAUTH2, OAUTHBEARER RFC 7628, others through the host), RFC 2034 / 3463
+ * (enhanced status codes), RFC 3461 (DSN), RFC 8689 (REQUIRETLS), RFC 6710 (MT-PRIORITY),
+ * RFC 2852 (DELIVERBY), RFC 2033 (LMTP), the PROXY protocol, Postfix's XCLIENT and XFORWARD.
+ * ------------------------------------------------------------------------------------------- */
+
+/* When to use TLS (RFC 3207, RFC 8314). */
+typedef enum smtpe_tls_policy {
+    SMTPE_TLS_NONE = 0,          /* never STARTTLS */
+    SMTPE_TLS_OPPORTUNISTIC = 1, /* STARTTLS when offered; in clear if not offered or refused */
+    SMTPE_TLS_REQUIRED = 2,      /* STARTTLS, or the session ends (recipients temporary) before
+                                    any AUTH, MAIL or credential octet */
+    SMTPE_TLS_IMPLICIT = 3       /* TLS from connect (port 465): the host runs the handshake
+                                    first and calls smtpe_client_tls_started before feeding */
+} smtpe_tls_policy;
+
+/* SASL mechanisms the client engine runs itself (also ev.auth.mechanism_id's values above). */
+#define SMTPE_SASL_XOAUTH2 3     /* Google's and Microsoft's XOAUTH2 */
+#define SMTPE_SASL_OAUTHBEARER 4 /* RFC 7628 */
+
+typedef struct smtpe_client_config {
+    /* The EHLO/LHLO (or HELO) argument: a domain or an address-literal ("[192.0.2.1]"),
+     * NUL-terminated, at most 255 octets, checked like a mailbox's domain. Default
+     * "localhost". */
+    const char *helo_name;
+    /* Speak LMTP (RFC 2033): LHLO, no HELO fallback, and after the content one reply per
+     * accepted recipient. Default 0. */
+    int lmtp;
+    /* STARTTLS policy. Default SMTPE_TLS_NONE (a host that has TLS says so). */
+    smtpe_tls_policy tls;
+    /* AUTH (RFC 4954). auth_mechanism: NULL for no AUTH (the default), "" for the best the
+     * server offers that the credentials allow (OAUTHBEARER, XOAUTH2 with a token; PLAIN,
+     * LOGIN with a password), or a mechanism name, which the server must offer; a name other
+     * than PLAIN, LOGIN, XOAUTH2, OAUTHBEARER is run step by step through the host
+     * (SMTPE_CEV_AUTH_STEP). There is no fallback to another mechanism after a failure. All
+     * strings NUL-terminated, at most 255 octets (tokens 8192), no control octet. */
+    const char *auth_mechanism;
+    const char *auth_authzid;  /* PLAIN's authorization identity; NULL or "" for none */
+    const char *auth_user;     /* authentication identity (PLAIN, LOGIN, XOAUTH2, OAUTHBEARER) */
+    const char *auth_password; /* PLAIN, LOGIN */
+    const char *auth_token;    /* XOAUTH2, OAUTHBEARER: the OAuth 2.0 bearer token */
+    /* Allow AUTH without TLS. Default 0: with AUTH wanted and TLS not up, the session ends
+     * before any credential octet (recipients temporary). */
+    int auth_plaintext_ok;
+    /* Use BDAT (RFC 3030) when the server offers CHUNKING. Default 1. chunk_size is the most
+     * content octets one BDAT carries (the engine sends smaller chunks when the host's pieces
+     * or the output buffer room are smaller): 1..output_buffer_size - 64. Default 0: as large
+     * as the output buffer allows. */
+    int chunking;
+    size_t chunk_size;
+    /* Bare CR and bare LF in submitted content (not BODY=BINARYMIME): SMTPE_LINE_ENDING_NORMALISE
+     * (the default) sends each as CRLF; SMTPE_LINE_ENDING_REFUSE refuses the message (see
+     * smtpe_client_txn.content). KEEP is not allowed: no bare CR or LF ever reaches the wire. */
+    smtpe_line_ending_policy line_ending;
+    /* Send a PROXY protocol header (version proxy->version, 1 or 2) before anything else; the
+     * info is copied. NULL (the default): none. */
+    const smtpe_proxy_info *proxy;
+    /* XCLIENT attributes (Postfix XCLIENT_README: NAME, ADDR, PORT, PROTO, HELO, LOGIN,
+     * DESTADDR, DESTPORT), sent after the EHLO (and TLS, before AUTH) when the server offers
+     * XCLIENT; only attributes it lists are sent, xtext-encoded, in lines of at most 512
+     * octets; a new EHLO follows its 220. Values must outlive the session. Default none. */
+    const smtpe_param *xclient;
+    size_t xclient_count;
+    /* Longest reply line in octets, CRLF included (RFC 5321 §4.5.3.1.5 says 512; real servers
+     * send longer): a longer one is a protocol error. Range 512..65536. Default 2048. */
+    size_t max_reply_line;
+    /* Most octets of one reply, all lines: a longer (or endless) reply is a protocol error.
+     * Range max_reply_line..1048576. Default 65536. */
+    size_t max_reply_size;
+    /* Size of the output buffer in octets; content is encoded into it as the host gives it
+     * (back-pressure: smtpe_client_content consumes only what fits). Range 4096..16777216.
+     * Default 16384. */
+    size_t output_buffer_size;
+    /* PIPELINING (RFC 2920): most command octets sent and not yet answered; the engine waits
+     * for replies before queueing more, so that a server that answers each command as it
+     * reads cannot fill both directions at once. Range 512..1048576. Default 4096. */
+    size_t max_unanswered;
+    /* Most recipients of one transaction. Range 1..100000. Default 1000. */
+    unsigned max_recipients;
+    /* Timeouts in ms (RFC 5321 §4.5.3.2); 0 means none. greeting, MAIL, RCPT and any other
+     * command 5 min each; DATA (its 354) 2 min; data block: the host's content and the sending
+     * of the output must make progress within 3 min; the reply to the end of the content
+     * 10 min. A timeout ends the session (recipients temporary, or unknown after the end of
+     * the content was sent). */
+    uint64_t greeting_timeout_ms;
+    uint64_t command_timeout_ms; /* MAIL, RCPT, EHLO, STARTTLS, AUTH, RSET, QUIT, ... */
+    uint64_t data_timeout_ms;
+    uint64_t data_block_timeout_ms;
+    uint64_t data_end_timeout_ms;
+} smtpe_client_config;
+
+/* The layout of smtpe_client_config in this header (see "Versions and ABI" above). */
+#define SMTPE_CLIENT_CONFIG_V1 1
+#define SMTPE_CLIENT_CONFIG_VERSION SMTPE_CLIENT_CONFIG_V1
+
+/* Fills cfg (laid out as config_version says) with the defaults documented above. Does
+ * nothing if cfg is NULL or the version is unknown. */
+SMTPE_API void smtpe_client_config_init_versioned(int config_version, smtpe_client_config *cfg);
+#define smtpe_client_config_init(cfg)                                                           \
+    smtpe_client_config_init_versioned(SMTPE_CLIENT_CONFIG_VERSION, (cfg))
+
+/* What is known of the content before it is sent (smtpe_content_scan), a bitmask. */
+#define SMTPE_CONTENT_8BIT (1u << 0)      /* an octet above 127 */
+#define SMTPE_CONTENT_NUL (1u << 1)       /* a NUL octet */
+#define SMTPE_CONTENT_BARE_CR (1u << 2)   /* a CR not followed by LF */
+#define SMTPE_CONTENT_BARE_LF (1u << 3)   /* an LF not preceded by CR */
+#define SMTPE_CONTENT_LONG_LINE (1u << 4) /* a line over 998 octets (RFC 5322 §2.1.1) */
+
+/* A scan of content that the host makes before submitting (the engine scans again as the
+ * content streams: see smtpe_client_txn.content). Fields are read-only results but for
+ * state, which is the scanner's. Frozen struct. */
+typedef struct smtpe_content_info {
+    uint64_t size;      /* octets as submitted */
+    uint64_t wire_size; /* octets on the wire under NORMALISE before dot-stuffing, with the
+                           final CRLF added if missing: the SIZE= value (RFC 1870 §3) */
+    unsigned flags;     /* SMTPE_CONTENT_* */
+    uint32_t line_len;  /* scanner state */
+    int state;
+} smtpe_content_info;
+
+/* Starts a scan. */
+SMTPE_API void smtpe_content_scan_init(smtpe_content_info *info);
+/* Scans the next n octets of the content (any split gives the same result). */
+SMTPE_API void smtpe_content_scan(smtpe_content_info *info, const uint8_t *p, size_t n);
+/* Ends the scan (a trailing CR is bare; the missing final CRLF is counted in wire_size). */
+SMTPE_API void smtpe_content_scan_end(smtpe_content_info *info);
+
+/* One forward-path of a transaction. Strings NUL-terminated, no control octet. */
+typedef struct smtpe_client_rcpt {
+    const char *forward_path; /* the mailbox without angle brackets ("user@example.com"), or
+                                 "postmaster"; non-ASCII UTF-8 needs SMTPUTF8 (RFC 6531) */
+    unsigned notify;          /* SMTPE_NOTIFY_* for NOTIFY= (RFC 3461 §4.1), 0 for none */
+    const char *orcpt;        /* ORCPT= as "type;address" ("rfc822;a+b@example.com"), the
+                                 address decoded: the engine xtext-encodes it (RFC 3461 §4.2);
+                                 NULL for none */
+} smtpe_client_rcpt;
+
+/* A mail transaction (RFC 5321 §3.3). The struct, its recipients and every string they point
+ * to must stay valid until the transaction's SMTPE_CEV_TRANSACTION_DONE event is taken. */
+typedef struct smtpe_client_txn {
+    const char *reverse_path;        /* mailbox without brackets; "" for the null path <> */
+    const smtpe_client_rcpt *rcpts;  /* forward-paths, in order, 1..max_recipients */
+    size_t rcpt_count;
+    /* The content as the host's scan found it (smtpe_content_scan); has_content_info 0 when
+     * the host did not scan (then the engine learns the content only as it streams: a
+     * property that needs refusing is found mid-content and ends the session as
+     * smtpe_client_abort_content does, but with the recipients permanent, code 0). With it, the refusals are
+     * made before MAIL (outcome permanent, local): 8-bit content unless body is 8BITMIME or
+     * BINARYMIME (and offered); NUL, or a bare CR or LF under REFUSE, unless BINARYMIME; a
+     * line over 998 octets when the content would go by DATA; wire_size over the server's
+     * SIZE (sent as SIZE= when SIZE is offered). */
+    int has_content_info;
+    smtpe_content_info content;
+    smtpe_body_type body;            /* BODY= (RFC 6152, RFC 3030); UNSPECIFIED sends none */
+    int smtputf8;                    /* SMTPUTF8 (RFC 6531); set by the engine when an address
+                                        is not ASCII; refused locally if not offered */
+    smtpe_dsn_ret ret;               /* RET= (RFC 3461 §4.3) */
+    const char *envid;               /* ENVID= decoded, xtext-encoded by the engine; NULL none */
+    int requiretls;                  /* REQUIRETLS (RFC 8689): refused locally without TLS or
+                                        without the extension */
+    int has_mt_priority;             /* MT-PRIORITY=mt_priority, -9..9 (RFC 6710) */
+    int mt_priority;
+    int64_t by_time;                 /* BY=by_time;by_mode (RFC 2852) when by_mode is 'R' or */
+    char by_mode;                    /* 'N'; 0 for none */
+    const smtpe_param *xforward;     /* XFORWARD attributes sent before MAIL when offered */
+    size_t xforward_count;
+} smtpe_client_txn;
+
+/* The layout of smtpe_client_txn and smtpe_client_rcpt in this header. */
+#define SMTPE_CLIENT_TXN_V1 1
+#define SMTPE_CLIENT_TXN_VERSION SMTPE_CLIENT_TXN_V1
+
+/* A recipient's outcome (ev.outcome.outcome). */
+#define SMTPE_OUTCOME_DELIVERED 1 /* the server took responsibility (2xx) */
+#define SMTPE_OUTCOME_PERMANENT 2 /* 5xx, or refused locally */
+#define SMTPE_OUTCOME_TEMPORARY 3 /* 4xx, a lost connection, a timeout before the end of the
+                                     content, a local transient failure */
+#define SMTPE_OUTCOME_UNKNOWN 4   /* the end of the content was sent but no verdict came: the
+                                     server may have delivered (RFC 5321 §4.5.3.2.6; a host
+                                     avoids sending the message twice) */
+
+/* Why the session ended (ev.closed.reason). */
+#define SMTPE_CLOSE_QUIT 0            /* QUIT answered (or the server closed after it): clean */
+#define SMTPE_CLOSE_SERVER_421 1      /* the server said 421 (or 554 at the greeting) */
+#define SMTPE_CLOSE_PROTOCOL_ERROR 2  /* a reply that breaks the protocol (ev.closed.text) */
+#define SMTPE_CLOSE_LOST 3            /* the connection was lost (smtpe_client_lost) */
+#define SMTPE_CLOSE_TIMEOUT 4         /* a timeout expired */
+#define SMTPE_CLOSE_TLS_REQUIRED 5    /* TLS required but not offered or refused */
+#define SMTPE_CLOSE_AUTH_FAILED 6     /* AUTH wanted but impossible or refused */
+#define SMTPE_CLOSE_ABORTED 7         /* the host aborted content (or it had to be refused
+                                         mid-stream), or called smtpe_client_close */
+#define SMTPE_CLOSE_REFUSED 8         /* the greeting or EHLO/HELO was refused */
+
+typedef enum smtpe_client_event_type {
+    SMTPE_CEV_NONE = 0,
+    /* The session is ready for mail (greeting, EHLO, STARTTLS and AUTH done): ev.ready. */
+    SMTPE_CEV_READY,
+    /* STARTTLS was answered 220: the host sends the queued output (none is), runs the TLS
+     * handshake, then calls smtpe_client_tls_started (or smtpe_client_lost if it failed). */
+    SMTPE_CEV_STARTTLS,
+    /* A step of a host-run SASL mechanism (ev.auth_step): answer with
+     * smtpe_client_auth_response. */
+    SMTPE_CEV_AUTH_STEP,
+    /* The content of the current transaction may be given now (smtpe_client_content); then
+     * SMTPE_WANT_CONTENT says when more fits. Once per transaction. */
+    SMTPE_CEV_CONTENT,
+    /* One recipient's outcome, final (ev.outcome). Exactly one per recipient. */
+    SMTPE_CEV_OUTCOME,
+    /* The transaction is over, every recipient has had its outcome (ev.done); its struct may
+     * be freed; another may be submitted. */
+    SMTPE_CEV_TRANSACTION_DONE,
+    /* The session is over (ev.closed): close the connection once the output is sent. */
+    SMTPE_CEV_CLOSED
+} smtpe_client_event_type;
+
+/* The server's capabilities from the EHLO reply's lines 2..n (RFC 5321 §4.1.1.1), keywords
+ * compared without regard to case; after STARTTLS or XCLIENT only the new EHLO's count.
+ * Spans point into session memory, valid until the next EHLO (or the session is freed). */
+typedef struct smtpe_client_caps {
+    unsigned extensions;  /* SMTPE_EXT_* of the server config's bitmask, as offered */
+    int esmtp;            /* 0 after a HELO fallback: no extension at all */
+    uint64_t size_limit;  /* SIZE's value; 0 when SIZE has none or is 0 (no fixed limit) */
+    int64_t deliverby_min; /* DELIVERBY's minimum seconds, 0 when none given */
+    smtpe_span auth;      /* the AUTH line's mechanisms ("PLAIN LOGIN"), empty when none */
+    smtpe_span xclient;   /* the XCLIENT line's attribute names, empty when none */
+    smtpe_span xforward;  /* the XFORWARD line's attribute names, empty when none */
+    int tls;              /* TLS is up */
+    int authenticated;    /* AUTH succeeded */
+} smtpe_client_caps;
+
+typedef struct smtpe_client_outcome {
+    size_t index;         /* the recipient's index in smtpe_client_txn.rcpts */
+    int outcome;          /* SMTPE_OUTCOME_* */
+    unsigned code;        /* the reply code, 0 when decided locally or the connection ended */
+    smtpe_span enhanced;  /* the enhanced status code ("5.1.1") when the server gave one that
+                             fits the code's class (RFC 3463), else empty; for local outcomes
+                             the engine's own */
+    smtpe_span text;      /* the reply's text (its last line, after the enhanced code), or a
+                             description of the local reason */
+    int local;            /* decided by the client without a reply (refused before MAIL,
+                             connection lost, timeout, protocol error) */
+    int before_mail;      /* refused locally before MAIL was sent */
+} smtpe_client_outcome;
+
+/* The fields of ev.auth_step: step 0 asks for the initial response (RFC 4954 §4; the host may
+ * give none); step 1, 2, ... carry the server's 334 challenge, base64-decoded (session memory,
+ * valid until the response). */
+typedef struct smtpe_client_auth_step {
+    unsigned step;
+    smtpe_span challenge;
+} smtpe_client_auth_step;
+
+/* The fields of ev.done: the transaction, the counts of its outcomes, and whether the
+ * connection may carry another transaction (0 once the session is ending). */
+typedef struct smtpe_client_done {
+    const smtpe_client_txn *txn;
+    size_t delivered, permanent, temporary, unknown;
+    int reusable;
+} smtpe_client_done;
+
+/* The fields of ev.closed: SMTPE_CLOSE_*, with the server's reply code and text (last line)
+ * when a reply caused it (421, a refused greeting) or a description of the protocol error
+ * (code 0). The span is valid until the next call on the session. */
+typedef struct smtpe_client_closed {
+    int reason;
+    unsigned code;
+    smtpe_span text;
+} smtpe_client_closed;
+
+typedef struct smtpe_client_event {
+    smtpe_client_event_type type;
+    union {
+        smtpe_client_caps ready;
+        smtpe_client_auth_step auth_step;
+        /* OUTCOME. Spans in session memory or static, valid until the next call on the
+         * session. */
+        smtpe_client_outcome outcome;
+        smtpe_client_done done;
+        smtpe_client_closed closed;
+    };
+} smtpe_client_event;
+
+/* The layout of smtpe_client_event in this header. */
+#define SMTPE_CLIENT_EVENT_V1 1
+#define SMTPE_CLIENT_EVENT_VERSION SMTPE_CLIENT_EVENT_V1
+
+typedef struct smtpe_client smtpe_client;
+
+/* Octets of memory one client session needs for cfg: S + max_reply_line + output_buffer_size
+ * + 8 * (max_unanswered / 4) + max_recipients / 8 (rounded), with S the session struct (about
+ * 2 KiB with its copy of the config and the capability lines). Returns 0 if cfg is invalid
+ * or its version unknown. */
+SMTPE_API size_t smtpe_client_memory_size_versioned(int config_version,
+                                                    const smtpe_client_config *cfg);
+#define smtpe_client_memory_size(cfg)                                                           \
+    smtpe_client_memory_size_versioned(SMTPE_CLIENT_CONFIG_VERSION, (cfg))
+
+/* Creates a client session with one allocation (NULL alloc: malloc) for a connection the host
+ * has just opened (for SMTPE_TLS_IMPLICIT: whose handshake the host runs before feeding). The
+ * config is copied; its strings must outlive the session. Queues the PROXY header if one is
+ * configured; then waits for the greeting (greeting_timeout_ms from now_ms).
+ * Returns 0, SMTPE_ERR_INVALID_ARGUMENT (a NULL, an unknown version, a bad string: CR, LF,
+ * NUL or a malformed helo_name), SMTPE_ERR_CONFIG or SMTPE_ERR_NOMEM. */
+SMTPE_API int smtpe_client_new_versioned(smtpe_client **out, int config_version,
+                                         const smtpe_client_config *cfg,
+                                         const smtpe_allocator *alloc, uint64_t now_ms);
+#define smtpe_client_new(out, cfg, alloc, now_ms)                                               \
+    smtpe_client_new_versioned((out), SMTPE_CLIENT_CONFIG_VERSION, (cfg), (alloc), (now_ms))
+
+/* Like smtpe_client_new in caller memory (aligned for max_align_t, at least
+ * smtpe_client_memory_size octets); smtpe_client_free must not be called. Returns what
+ * smtpe_client_new does, SMTPE_ERR_BUFFER_TOO_SMALL for too little memory. */
+SMTPE_API int smtpe_client_init_versioned(smtpe_client **out, void *mem, size_t len,
+                                          int config_version, const smtpe_client_config *cfg,
+                                          uint64_t now_ms);
+#define smtpe_client_init(out, mem, len, cfg, now_ms)                                           \
+    smtpe_client_init_versioned((out), (mem), (len), SMTPE_CLIENT_CONFIG_VERSION, (cfg),       \
+                                (now_ms))
+
+/* Frees a session made by smtpe_client_new. NULL is allowed. */
+SMTPE_API void smtpe_client_free(smtpe_client *c);
+
+/* Submits a transaction, at any time before QUIT (even before the greeting); one at a time:
+ * the next only after this one's TRANSACTION_DONE. Every string is checked now (the paths by
+ * RFC 5321 §4.1.2's grammar, no CR, LF or NUL anywhere, each command line within the limits),
+ * so a bad one is an error before any octet exists. Returns 0, SMTPE_ERR_INVALID_ARGUMENT
+ * (with nothing queued) or SMTPE_ERR_STATE (a transaction is under way, QUIT was asked for,
+ * or the session is over). RFC 5321 §3.3, §4.1.1.2-3. */
+SMTPE_API int smtpe_client_submit_versioned(smtpe_client *c, int txn_version,
+                                            const smtpe_client_txn *txn);
+#define smtpe_client_submit(c, txn)                                                             \
+    smtpe_client_submit_versioned((c), SMTPE_CLIENT_TXN_VERSION, (txn))
+
+/* Gives the next n octets of the current transaction's content (after SMTPE_CEV_CONTENT);
+ * last = 1 with the final piece (n may be 0). The engine encodes what fits in its output
+ * buffer (dot-stuffing RFC 5321 §4.5.2, line ends as cfg.line_ending says, BDAT framing
+ * RFC 3030) and returns the octets it consumed; the host gives the rest again once
+ * SMTPE_WANT_CONTENT is set. The final CRLF is added only if the content lacks one (not for
+ * BINARYMIME). last counts only when all n octets were consumed.
+ * Returns the octets consumed, or SMTPE_ERR_STATE (no content is wanted now) or
+ * SMTPE_ERR_INVALID_ARGUMENT. */
+SMTPE_API smtpe_ssize smtpe_client_content(smtpe_client *c, const uint8_t *p, size_t n,
+                                           int last);
+
+/* The content's source failed: the engine never sends the end of the content (neither the
+ * final dot nor a BDAT LAST), every recipient not yet decided becomes temporary (local),
+ * and the session ends (SMTPE_CLOSE_ABORTED): the host drops the connection. Returns 0 or
+ * SMTPE_ERR_STATE (no content under way). */
+SMTPE_API int smtpe_client_abort_content(smtpe_client *c);
+
+/* Answers SMTPE_CEV_AUTH_STEP: data[0..len) is the response (the engine base64-encodes it);
+ * data NULL at step 0 means no initial response, and at a later step cancels the exchange
+ * ("*", RFC 4954 §4). Returns 0, SMTPE_ERR_STATE (no step waits) or
+ * SMTPE_ERR_INVALID_ARGUMENT (too long: over 8192 octets). */
+SMTPE_API int smtpe_client_auth_response(smtpe_client *c, const uint8_t *data, size_t len);
+
+/* After SMTPE_CEV_STARTTLS (or, for SMTPE_TLS_IMPLICIT, before the first smtpe_client_recv):
+ * TLS is up. The session starts over with EHLO (RFC 3207 §4.2). Returns 0 or SMTPE_ERR_STATE. */
+SMTPE_API int smtpe_client_tls_started(smtpe_client *c, uint64_t now_ms);
+
+/* Asks for QUIT once the current transaction (if any) is done; the session then ends with
+ * SMTPE_CEV_CLOSED after the 221. Returns 0 or SMTPE_ERR_STATE (already ending). */
+SMTPE_API int smtpe_client_quit(smtpe_client *c);
+
+/* The connection is gone (EOF, a reset, a failed TLS handshake). Every recipient not yet
+ * decided becomes temporary, or unknown if the end of its content was sent; then
+ * SMTPE_CEV_CLOSED (SMTPE_CLOSE_LOST, or SMTPE_CLOSE_QUIT after QUIT was sent). Returns 0 or
+ * SMTPE_ERR_STATE (already over). */
+SMTPE_API int smtpe_client_lost(smtpe_client *c);
+
+/* Feeds n octets read from the server. Returns the octets consumed (the engine stops while
+ * an event waits to be taken, so the host feeds the rest after taking it), or
+ * SMTPE_ERR_INVALID_ARGUMENT. A reply that breaks the protocol ends the session
+ * (SMTPE_CLOSE_PROTOCOL_ERROR): malformed (code not 2-5/0-5/0-9 or not followed by SP, "-"
+ * or CRLF; lines that disagree on the code; a line over max_reply_line; a reply over
+ * max_reply_size; a bare CR or LF), unsolicited (no command outstanding), a 3xx to anything
+ * but DATA or AUTH, octets after a STARTTLS 220 (RFC 3207 §4.2; CVE-2021-22947). RFC 5321
+ * §4.2, §4.3.2; RFC 2920 §3.1. */
+SMTPE_API smtpe_ssize smtpe_client_recv(smtpe_client *c, const uint8_t *buf, size_t n,
+                                        uint64_t now_ms);
+
+/* Takes the next event into *ev (laid out as event_version says). Returns 1 or 0 (none). */
+SMTPE_API int smtpe_client_next_event_versioned(smtpe_client *c, int event_version,
+                                                smtpe_client_event *ev);
+#define smtpe_client_next_event(c, ev)                                                          \
+    smtpe_client_next_event_versioned((c), SMTPE_CLIENT_EVENT_VERSION, (ev))
+
+/* Output, as smtpe_server_send_buf / smtpe_server_send_ack: stable until acknowledged, in at
+ * most two runs. */
+SMTPE_API const uint8_t *smtpe_client_send_buf(smtpe_client *c, size_t *len);
+SMTPE_API int smtpe_client_send_ack(smtpe_client *c, size_t n);
+
+/* What the client session wants, a bitmask of SMTPE_WANT_READ, _WRITE, _CLOSE, _EVENT, _TLS
+ * (run the handshake now) and: */
+#define SMTPE_WANT_CONTENT (1u << 6) /* smtpe_client_content would consume octets now */
+SMTPE_API unsigned smtpe_client_want(const smtpe_client *c);
+
+/* As smtpe_server_expiry / smtpe_server_handle_expiry: the deadline (UINT64_MAX for none; no
+ * timer while an event waits to be taken or the host owes an answer), and its expiry (1 if it
+ * expired: the session ends with SMTPE_CLOSE_TIMEOUT). RFC 5321 §4.5.3.2. */
+SMTPE_API uint64_t smtpe_client_expiry(smtpe_client *c, uint64_t now_ms);
+SMTPE_API int smtpe_client_handle_expiry(smtpe_client *c, uint64_t now_ms);
+
+/* The capabilities as last parsed (all zero before the EHLO reply). Valid until the next
+ * call on the session. */
+SMTPE_API const smtpe_client_caps *smtpe_client_get_caps(const smtpe_client *c);
+
 #ifdef __cplusplus
 }
 #endif
