@@ -1,5 +1,6 @@
-/* command.c - command-line framing, verbs and ESMTP parameters.
- * RFC 5321 §2.3.8 (lines end in CRLF), §4.1.1 (verbs), §4.1.2 (esmtp-param). */
+/* command.c - command-line framing, verbs, ESMTP parameters and xtext in both directions.
+ * RFC 5321 §2.3.8 (lines end in CRLF), §4.1.1 (verbs), §4.1.2 (esmtp-param); RFC 3461 §4
+ * (xtext). */
 #include "command.h"
 
 #include <string.h>
@@ -221,4 +222,36 @@ int smtpe__xtext_decode(uint8_t *p, size_t n, size_t *out_len)
     }
     *out_len = o;
     return control ? SMTPE__XTEXT_CONTROL : SMTPE__XTEXT_OK;
+}
+
+/* xchar (RFC 3461 §4): "!".."~" but "+" and "=", which stand for themselves. */
+static int is_xchar(uint8_t c)
+{
+    return c >= '!' && c <= '~' && c != '+' && c != '=';
+}
+
+/* On SIZE_MAX, out[0..cap) holds the part that fitted (whole xchars and "+HH" triples). */
+size_t smtpe__xtext_encode(const uint8_t *p, size_t n, uint8_t *out, size_t cap)
+{
+    static const char hex[16] = "0123456789ABCDEF";
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint8_t c = p[i];
+        size_t k = is_xchar(c) ? 1 : 3;
+        if (o > SIZE_MAX - 1 - k)
+            return SIZE_MAX; /* the length itself would not fit in a size_t */
+        if (out != NULL) {
+            if (k > cap - o) /* o <= cap holds: every octet written so far fitted */
+                return SIZE_MAX;
+            if (k == 1) {
+                out[o] = c;
+            } else {
+                out[o] = '+';
+                out[o + 1] = (uint8_t)hex[c >> 4];
+                out[o + 2] = (uint8_t)hex[c & 0x0f];
+            }
+        }
+        o += k;
+    }
+    return o;
 }

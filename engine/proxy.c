@@ -1,6 +1,7 @@
 /* proxy.c - the PROXY protocol header (HAProxy's proxy-protocol.txt): the incremental reader
  * that gathers a header and never consumes past it, the v1 (§2.1, text) and v2 (§2.2, binary)
- * parsers, IPv4 / IPv6 text to binary (RFC 4291 §2.2), and the public TLV walker (§2.2.7). */
+ * parsers, IPv4 / IPv6 text to binary (RFC 4291 §2.2), the emitter (the parsers' inverse, IPv6
+ * in RFC 5952 text) and the public TLV walker (§2.2.7). */
 #include "proxy.h"
 
 #include "command.h" /* smtpe__hex_digit */
@@ -386,6 +387,164 @@ int smtpe__proxy_parse(const uint8_t *buf, size_t len, smtpe_proxy_info *out)
     if (r == 0)
         *out = info;
     return r;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Emitter
+ * ------------------------------------------------------------------------------------------- */
+
+static void put_be16(uint8_t *t, unsigned v)
+{
+    t[0] = (uint8_t)(v >> 8);
+    t[1] = (uint8_t)v;
+}
+
+/* Writes v in decimal without leading zeros ("0" for 0) at t. Returns the digits (1..10). */
+static size_t put_dec(uint8_t *t, unsigned v)
+{
+    uint8_t d[10];
+    size_t k = 0;
+    do {
+        d[k++] = (uint8_t)('0' + v % 10);
+        v /= 10;
+    } while (v != 0);
+    for (size_t i = 0; i < k; i++)
+        t[i] = d[k - 1 - i];
+    return k;
+}
+
+/* Writes the dotted quad of a[4] at t (the form parse_ipv4 reads). Returns 7..15. */
+static size_t put_ipv4(uint8_t *t, const uint8_t a[4])
+{
+    size_t n = 0;
+    for (int i = 0; i < 4; i++) {
+        if (i > 0)
+            t[n++] = '.';
+        n += put_dec(t + n, a[i]);
+    }
+    return n;
+}
+
+/* Writes a[16] at t in the canonical text form of RFC 5952 §4: lower-case hex groups without
+ * leading zeros (§4.1, §4.3), the longest run of two or more zero groups as "::" (§4.2.1,
+ * §4.2.2), the first of equally long runs (§4.2.3). No dotted-quad tail. Returns 2..39. */
+static size_t put_ipv6(uint8_t *t, const uint8_t a[16])
+{
+    static const char hex[16] = "0123456789abcdef";
+    unsigned g[8];
+    int run_at = -1, run_len = 1; /* a single zero group is not compressed */
+    for (int i = 0; i < 8; i++)
+        g[i] = (unsigned)(a[2 * i] << 8 | a[2 * i + 1]);
+    for (int i = 0; i < 8;) {
+        int k = i;
+        while (k < 8 && g[k] == 0)
+            k++;
+        if (k - i > run_len)
+            run_at = i, run_len = k - i;
+        i = k > i ? k : i + 1;
+    }
+    size_t n = 0;
+    for (int i = 0; i < 8; i++) {
+        if (i == run_at) {
+            t[n++] = ':';
+            t[n++] = ':';
+            i += run_len - 1;
+            continue;
+        }
+        if (i > 0 && i != run_at + run_len)
+            t[n++] = ':';
+        int shift = 12;
+        while (shift > 0 && (g[i] >> shift) == 0)
+            shift -= 4;
+        for (; shift >= 0; shift -= 4)
+            t[n++] = (uint8_t)hex[(g[i] >> shift) & 0x0f];
+    }
+    return n;
+}
+
+/* v1 (§2.1): "PROXY TCP4|TCP6 src dst sport dport\r\n" for a TCP (or unspecified transport)
+ * connection over IPv4 / IPv6, else "PROXY UNKNOWN\r\n" (local, AF_UNSPEC, AF_UNIX, UDP: the
+ * "other, unsupported or unknown protocols" of §2.1). v1 has no TLVs: info with TLVs is
+ * invalid. Returns the length (15..104), or 0. */
+static size_t emit_v1(const smtpe_proxy_info *info, uint8_t *out, size_t cap)
+{
+    uint8_t t[SMTPE__PROXY_V1_MAX];
+    size_t n = V1_PREFIX_LEN;
+    int inet = info->family == SMTPE_PROXY_AF_INET, inet6 = info->family == SMTPE_PROXY_AF_INET6;
+    if (info->tlvs.len != 0)
+        return 0;
+    memcpy(t, v1_prefix, V1_PREFIX_LEN);
+    if (info->local || (!inet && !inet6) || info->transport == SMTPE_PROXY_TRANSPORT_DGRAM) {
+        memcpy(t + n, "UNKNOWN", 7);
+        n += 7;
+    } else {
+        memcpy(t + n, inet ? "TCP4 " : "TCP6 ", 5);
+        n += 5;
+        n += inet ? put_ipv4(t + n, info->src_addr) : put_ipv6(t + n, info->src_addr);
+        t[n++] = ' ';
+        n += inet ? put_ipv4(t + n, info->dst_addr) : put_ipv6(t + n, info->dst_addr);
+        t[n++] = ' ';
+        n += put_dec(t + n, info->src_port);
+        t[n++] = ' ';
+        n += put_dec(t + n, info->dst_port);
+    }
+    t[n++] = '\r';
+    t[n++] = '\n';
+    if (n > cap)
+        return 0;
+    memcpy(out, t, n);
+    return n;
+}
+
+/* v2 (§2.2): the signature, ver_cmd, fam, len, the address block and info->tlvs. A local info
+ * is sent as LOCAL with fam 0x00 and nothing after it; one with a transport or TLVs as PROXY
+ * with AF_UNSPEC (and that transport), so that they reach the receiver (which discards all
+ * that follows LOCAL), and so is a non-local AF_UNSPEC info; smtpe__proxy_parse reads all of
+ * these back as local. AF_UNIX paths are not in
+ * info: two empty paths (216 zero octets) are sent. Returns the length, or 0 if the TLVs are
+ * not well formed (§2.2.7), len would pass 65535, or it does not fit. */
+static size_t emit_v2(const smtpe_proxy_info *info, uint8_t *out, size_t cap)
+{
+    static const size_t need[4] = {0, V2_ADDR_INET, V2_ADDR_INET6, V2_ADDR_UNIX};
+    int family = info->local ? SMTPE_PROXY_AF_UNSPEC : info->family;
+    int local_cmd = info->local && info->transport == SMTPE_PROXY_TRANSPORT_UNSPEC &&
+                    info->tlvs.len == 0;
+    size_t addr_len = need[family], tn = info->tlvs.len;
+    if (tn > 65535 - addr_len || (tn > 0 && (info->tlvs.ptr == NULL ||
+                                             !tlvs_valid(info->tlvs.ptr, tn))))
+        return 0;
+    if (cap < SMTPE__PROXY_V2_FIXED || cap - SMTPE__PROXY_V2_FIXED < addr_len + tn)
+        return 0;
+    memcpy(out, v2_sig, V2_SIG_LEN);
+    out[12] = (uint8_t)(0x20 | (local_cmd ? V2_CMD_LOCAL : V2_CMD_PROXY));
+    out[13] = local_cmd ? 0x00 : (uint8_t)(family << 4 | info->transport);
+    put_be16(out + 14, (unsigned)(addr_len + tn));
+    uint8_t *a = out + SMTPE__PROXY_V2_FIXED;
+    if (family == SMTPE_PROXY_AF_INET || family == SMTPE_PROXY_AF_INET6) {
+        size_t k = family == SMTPE_PROXY_AF_INET ? 4 : 16;
+        memcpy(a, info->src_addr, k);
+        memcpy(a + k, info->dst_addr, k);
+        put_be16(a + 2 * k, info->src_port);
+        put_be16(a + 2 * k + 2, info->dst_port);
+    } else if (family == SMTPE_PROXY_AF_UNIX) {
+        memset(a, 0, V2_ADDR_UNIX);
+    }
+    if (tn > 0)
+        memcpy(a + addr_len, info->tlvs.ptr, tn);
+    return SMTPE__PROXY_V2_FIXED + addr_len + tn;
+}
+
+size_t smtpe__proxy_emit(const smtpe_proxy_info *info, uint8_t *out, size_t cap)
+{
+    if (info == NULL || out == NULL || info->family < SMTPE_PROXY_AF_UNSPEC ||
+        info->family > SMTPE_PROXY_AF_UNIX || info->transport < SMTPE_PROXY_TRANSPORT_UNSPEC ||
+        info->transport > SMTPE_PROXY_TRANSPORT_DGRAM)
+        return 0;
+    if (info->version == 1)
+        return emit_v1(info, out, cap);
+    if (info->version == 2)
+        return emit_v2(info, out, cap);
+    return 0;
 }
 
 /* §2.2.7: type (1), length (2, network order), value. */

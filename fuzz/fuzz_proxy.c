@@ -4,6 +4,8 @@
  *
  * Input: octet 0 seeds the pseudo-random split, octet 1 chooses the reader's buffer size
  * (108, 128, 256 or 600 octets); the rest is what the client sends (a header, then anything).
+ * The same rest, when it has at least 40 octets, is also read as an info for the emitter: see
+ * info_from_octets.
  *
  * Oracles (abort on violation):
  *   - the reader consumes all of its input when it says MORE and never more than it was given;
@@ -12,6 +14,17 @@
  *     reads past the header's end);
  *   - a header that parses is re-serialised (v1 text in several address spellings, v2 binary,
  *     and an INET/INET6 v2 also as v1 text) and the copy is read and parsed to the same info;
+ *   - smtpe__proxy_emit inverts the parser: the info of a header that parses is emitted (never
+ *     refused), and the copy is read whole and parsed to an equal info (for v2 the TLVs as
+ *     octets too); its octets are exactly the reference serialiser's, IPv6 in the RFC 5952
+ *     canonical text (lower case, no leading zeros, the first longest run of 2+ zero groups as
+ *     "::"), LOCAL only for a local info with neither transport nor TLVs (PROXY with AF_UNSPEC
+ *     otherwise, so that they reach the receiver);
+ *   - smtpe__proxy_emit of an arbitrary info made of the input (see info_from_octets): refused
+ *     exactly when the info is invalid (version not 1/2, family or transport out of range, TLVs
+ *     in v1, v2 TLVs not well formed or len over 65535), else the reference's octets, read and
+ *     parsed back to the info as the receiver sees it (expected_back); every emit fits in
+ *     exactly its length, is refused in one octet less and never writes at or past cap;
  *   - the info is well formed: version, family and transport in range, local exactly for
  *     LOCAL / UNKNOWN / AF_UNSPEC, no TLVs for v1, TLVs within the gathered header;
  *   - walking the TLVs with smtpe_proxy_tlv_next covers exactly the TLV span, each value
@@ -172,15 +185,16 @@ static void put_ipv4(fz_buf *b, const uint8_t *a)
 /* IPv6 text in one of several RFC 4291 §2.2 spellings:
  *   0 eight groups, shortest hex;  1 eight groups of four upper-case digits;
  *   2 the longest run of zero groups (even one) as "::";  3 six groups and a dotted quad;
- *   4 like 2, then the last 32 bits as a dotted quad when "::" does not cover them. */
+ *   4 like 2, then the last 32 bits as a dotted quad when "::" does not cover them;
+ *   5 RFC 5952 §4: like 2, but only a run of two or more groups (the first of the longest). */
 static void put_ipv6(fz_buf *b, const uint8_t *a, int style)
 {
     unsigned g[8];
     for (int i = 0; i < 8; i++)
         g[i] = (unsigned)(a[2 * i] << 8 | a[2 * i + 1]);
     int groups = style == 3 || style == 4 ? 6 : 8;
-    int run_at = -1, run_len = 0;
-    if (style == 2 || style == 4) {
+    int run_at = -1, run_len = style == 5 ? 1 : 0;
+    if (style == 2 || style == 4 || style == 5) {
         for (int i = 0; i < groups; i++) {
             int k = 0;
             while (i + k < groups && g[i + k] == 0)
@@ -314,6 +328,134 @@ static void round_trip(const smtpe_proxy_info *in)
     fz_free(&b);
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Emitter
+ * ------------------------------------------------------------------------------------------- */
+
+#define EMIT_MAX (16 + 65535)
+
+/* An info from p[0..n) (n >= 40): version p[0] % 4, local p[1] % 4 (0, or a non-zero value),
+ * family p[2] % 6 - 1 and transport p[3] % 5 - 1 (one value out of range at each end), the
+ * addresses p[4..36), ports p[36..40) big-endian, the TLVs the rest (none if p[3] & 0x80). */
+static smtpe_proxy_info info_from_octets(const uint8_t *p, size_t n)
+{
+    smtpe_proxy_info in;
+    memset(&in, 0, sizeof in);
+    in.version = p[0] % 4;
+    in.local = p[1] % 4;
+    in.family = p[2] % 6 - 1;
+    in.transport = p[3] % 5 - 1;
+    memcpy(in.src_addr, p + 4, 16);
+    memcpy(in.dst_addr, p + 20, 16);
+    in.src_port = (uint16_t)(p[36] << 8 | p[37]);
+    in.dst_port = (uint16_t)(p[38] << 8 | p[39]);
+    if (!(p[3] & 0x80))
+        in.tlvs = (smtpe_span){p + 40, n - 40};
+    return in;
+}
+
+/* 1 if t is whole TLVs (§2.2.7), by smtpe_proxy_tlv_next. */
+static int tlvs_whole(smtpe_span t)
+{
+    uint8_t type;
+    smtpe_span v;
+    while (smtpe_proxy_tlv_next(&t, &type, &v))
+        ;
+    return t.len == 0;
+}
+
+/* 1 if smtpe__proxy_emit must accept in (given room). */
+static int emit_valid(const smtpe_proxy_info *in)
+{
+    static const size_t addr_len[4] = {0, 12, 36, 216};
+    if ((in->version != 1 && in->version != 2) || in->family < 0 || in->family > 3 ||
+        in->transport < 0 || in->transport > 2)
+        return 0;
+    if (in->version == 1)
+        return in->tlvs.len == 0;
+    size_t block = in->local ? 0 : addr_len[in->family];
+    return tlvs_whole(in->tlvs) && block + in->tlvs.len <= 65535;
+}
+
+/* The info a receiver parses from what smtpe__proxy_emit sends for a valid in: v1 "UNKNOWN"
+ * (local) unless TCP or an unspecified transport over IPv4/IPv6, and then STREAM; v2 local for
+ * a local info or AF_UNSPEC, with the transport and TLVs kept; the address fields only as far
+ * as the family has them (none for AF_UNIX). */
+static smtpe_proxy_info expected_back(const smtpe_proxy_info *in)
+{
+    smtpe_proxy_info e;
+    memset(&e, 0, sizeof e);
+    e.version = in->version;
+    int ip = in->family == SMTPE_PROXY_AF_INET || in->family == SMTPE_PROXY_AF_INET6;
+    if (in->version == 1) {
+        if (in->local || !ip || in->transport == SMTPE_PROXY_TRANSPORT_DGRAM) {
+            e.local = 1;
+            return e;
+        }
+        e.transport = SMTPE_PROXY_TRANSPORT_STREAM;
+    } else {
+        e.transport = in->transport;
+        e.tlvs = in->tlvs;
+        if (in->local || in->family == SMTPE_PROXY_AF_UNSPEC) {
+            e.local = 1;
+            return e;
+        }
+    }
+    e.family = in->family;
+    if (ip) {
+        size_t k = in->family == SMTPE_PROXY_AF_INET ? 4 : 16;
+        memcpy(e.src_addr, in->src_addr, k);
+        memcpy(e.dst_addr, in->dst_addr, k);
+        e.src_port = in->src_port;
+        e.dst_port = in->dst_port;
+    }
+    return e;
+}
+
+/* Emits in: refused exactly when invalid; else the fit is exact (len fits, len - 1 does not,
+ * nothing is written at or past cap), the octets are the reference serialiser's for want, and
+ * they are read (when the reader's buffer can hold them) and parsed back to want. */
+static void check_emit(const smtpe_proxy_info *in, const smtpe_proxy_info *want)
+{
+    static uint8_t out[EMIT_MAX + 1], again[EMIT_MAX + 1];
+    static feed_result o;
+    size_t n = smtpe__proxy_emit(in, out, sizeof out);
+    FUZZ_CHECK((n != 0) == emit_valid(in), "emit: refused a valid info or accepted an invalid one");
+    if (n == 0)
+        return;
+    FUZZ_CHECK(n <= EMIT_MAX && (in->version == 2 || n <= SMTPE__PROXY_V1_MAX),
+               "emit: longer than a header can be");
+    memset(again, 0xa5, n);
+    FUZZ_CHECK(smtpe__proxy_emit(in, again, n - 1) == 0, "emit: fitted in one octet less");
+    FUZZ_CHECK(again[n - 1] == 0xa5, "emit: wrote at or past cap");
+    FUZZ_CHECK(smtpe__proxy_emit(in, again, n) == n && fz_eq(again, n, out, n),
+               "emit: another result with exactly the room it needs");
+
+    fz_buf ref = {0};
+    if (want->version == 1) {
+        serialise_v1(&ref, want, 5);
+    } else {
+        /* the command is LOCAL only for an info the caller marked local: a non-local AF_UNSPEC
+         * one goes as PROXY, even without transport or TLVs */
+        smtpe_proxy_info sent = *want;
+        sent.local = in->local != 0;
+        serialise_v2(&ref, &sent);
+    }
+    if (!fz_eq(out, n, ref.p, ref.len))
+        fprintf(stderr, "emit: \"%.*s\"\nref:  \"%.*s\"\n", (int)n, (const char *)out,
+                (int)ref.len, (const char *)ref.p);
+    FUZZ_CHECK(fz_eq(out, n, ref.p, ref.len), "emit: other octets than the reference's");
+    fz_free(&ref);
+
+    if (n <= MAX_CAP) {
+        feed(out, n, MAX_CAP, 2, (uint32_t)n, &o);
+        FUZZ_CHECK(o.result == SMTPE__PROXY_DONE && o.used == n, "emit: not read whole");
+    }
+    smtpe_proxy_info back;
+    FUZZ_CHECK(smtpe__proxy_parse(out, n, &back) == 0, "emit: the header does not parse");
+    FUZZ_CHECK(same_info(&back, want), "emit: the header parses to other info");
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -341,6 +483,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (smtpe__proxy_parse(whole.buf, whole.len, &info) == 0) {
             check_info(&info, whole.buf, whole.len);
             round_trip(&info);
+            smtpe_proxy_info want = expected_back(&info);
+            FUZZ_CHECK(same_info(&want, &info), "a parsed info is not what it would parse back to");
+            check_emit(&info, &info);
         }
     }
 
@@ -367,6 +512,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                            li.local,
                        "a v2 LOCAL header does not parse as local (§2.2)");
         }
+    }
+
+    /* the emitter on an info made of the input */
+    if (n >= 40) {
+        smtpe_proxy_info in = info_from_octets(p, n);
+        smtpe_proxy_info want = emit_valid(&in) ? expected_back(&in) : in;
+        check_emit(&in, &want);
     }
 
     /* TLV walking over arbitrary octets stays within them */

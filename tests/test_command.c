@@ -1,7 +1,8 @@
 /*
  * test_command.c - unit tests of engine/command.c: command-line framing (RFC 5321 §2.3.8: only
  * CRLF ends a line; bare CR / bare LF / NUL per policy), line length limits (§4.5.3.1.4), verbs
- * (§4.1.1, case-insensitive), ESMTP parameters (§4.1.2) and decimal numbers (RFC 1870 SIZE).
+ * (§4.1.1, case-insensitive), ESMTP parameters (§4.1.2), decimal numbers (RFC 1870 SIZE) and
+ * xtext encoding (RFC 3461 §4), with its round trip through smtpe__xtext_decode.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -581,6 +582,119 @@ static void test_parse_u64(void **state)
     assert_int_equal(v, 123);
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * xtext (RFC 3461 §4)
+ * ------------------------------------------------------------------------------------------- */
+
+/* Encodes in[0..n) with cap; checks the result against want (NULL: must not fit), that the
+ * measuring call agrees, and that nothing past cap is written. */
+static void check_encode(const void *in, size_t n, size_t cap, const char *want)
+{
+    uint8_t out[1024];
+    assert_true(cap + 1 <= sizeof out);
+    memset(out, 0xee, sizeof out);
+    size_t measured = smtpe__xtext_encode(in, n, NULL, 0);
+    size_t r = smtpe__xtext_encode(in, n, out, cap);
+    for (size_t i = cap; i < sizeof out; i++)
+        if (out[i] != 0xee)
+            fail_msg("smtpe__xtext_encode wrote past cap %zu (octet %zu)", cap, i);
+    if (want == NULL) {
+        if (r != SIZE_MAX)
+            fail_msg("encoding %zu octets into %zu fitted (%zu)", n, cap, r);
+        assert_true(measured > cap);
+        return;
+    }
+    if (r != strlen(want) || memcmp(out, want, r) != 0)
+        fail_msg("encoded \"%.*s\" (%zu), expected \"%s\"", (int)(r == SIZE_MAX ? 0 : r),
+                 (const char *)out, r, want);
+    assert_int_equal(measured, r);
+}
+
+#define ENCODE(lit, cap, want) check_encode(lit, sizeof(lit) - 1, cap, want)
+
+static void test_xtext_encode(void **state)
+{
+    (void)state;
+    /* values in the style of RFC 3461 §6: nothing to encode */
+    ENCODE("QQ314159", 100, "QQ314159");
+    ENCODE("rfc822;Dana@Ivory.EDU", 100, "rfc822;Dana@Ivory.EDU");
+    /* "+" and "=" (xchar excludes them), SP, controls, DEL and octets above 127 */
+    ENCODE("a+b=c", 100, "a+2Bb+3Dc");
+    ENCODE("id+1=2", 100, "id+2B1+3D2");
+    ENCODE("rfc822;Bob Smith@example.com", 100, "rfc822;Bob+20Smith@example.com");
+    ENCODE("\r\n\0\x7f", 100, "+0D+0A+00+7F");
+    ENCODE("\x80\xc3\xa9\xff", 100, "+80+C3+A9+FF");
+    ENCODE("!~", 100, "!~"); /* the ends of the xchar range */
+    ENCODE(" ", 100, "+20");
+    ENCODE("++", 100, "+2B+2B");
+    /* empty input: length 0, fits anywhere, even in no room */
+    ENCODE("", 0, "");
+    ENCODE("", 5, "");
+    assert_int_equal(smtpe__xtext_encode(NULL, 0, NULL, 0), 0);
+    /* cap boundaries: exactly the length fits, one less does not, at every kind of octet */
+    ENCODE("a+b=c", 9, "a+2Bb+3Dc");
+    ENCODE("a+b=c", 8, NULL);
+    ENCODE("a+b=c", 0, NULL);
+    ENCODE("a+b=c", 1, NULL);
+    ENCODE("a+b=c", 2, NULL);  /* room for "a" and part of "+2B" */
+    ENCODE("a+b=c", 3, NULL);
+    ENCODE("a+b=c", 4, NULL);  /* "a+2B" fits, "b" does not */
+    ENCODE("abc", 3, "abc");
+    ENCODE("abc", 2, NULL);
+    ENCODE("=", 3, "+3D");
+    ENCODE("=", 2, NULL);
+    /* a failed encoding leaves the part that fitted (whole units) */
+    uint8_t out[8];
+    memset(out, 0xee, sizeof out);
+    assert_int_equal(smtpe__xtext_encode((const uint8_t *)"a+b", 3, out, 3), SIZE_MAX);
+    assert_memory_equal(out, "a\xee\xee", 3);
+    /* measuring ignores cap */
+    assert_int_equal(smtpe__xtext_encode((const uint8_t *)"a+b=c", 5, NULL, 1), 9);
+}
+
+/* Every octet value alone, then all of them together: encode and decode give the octets back;
+ * smtpe__xtext_decode refuses control octets (SMTPE__XTEXT_CONTROL), so for those the round
+ * trip ends there. */
+static void test_xtext_round_trip(void **state)
+{
+    (void)state;
+    uint8_t in[256], enc[3 * 256], plain[256];
+    size_t np = 0;
+    for (int c = 0; c < 256; c++) {
+        uint8_t o = (uint8_t)c;
+        int is_xchar = c >= '!' && c <= '~' && c != '+' && c != '=';
+        int control = c < 0x20 || c == 0x7f;
+        size_t n = smtpe__xtext_encode(&o, 1, enc, sizeof enc);
+        assert_int_equal(n, is_xchar ? 1 : 3);
+        for (size_t i = 0; i < n; i++) /* the encoding is itself xchars and "+" */
+            assert_true(enc[i] >= '!' && enc[i] <= '~' && enc[i] != '=');
+        size_t len = 99;
+        int r = smtpe__xtext_decode(enc, n, &len);
+        if (control) {
+            assert_int_equal(r, SMTPE__XTEXT_CONTROL);
+        } else {
+            assert_int_equal(r, SMTPE__XTEXT_OK);
+            assert_int_equal(len, 1);
+            assert_int_equal(enc[0], o);
+            plain[np++] = o;
+        }
+        in[c] = o;
+    }
+    /* all 256 together: the encoding measures what it writes, and decodes as CONTROL */
+    size_t n = smtpe__xtext_encode(in, 256, enc, sizeof enc);
+    assert_int_equal(n, smtpe__xtext_encode(in, 256, NULL, 0));
+    assert_int_equal(n, 94 - 2 + 3 * (256 - 94 + 2)); /* 92 xchars, 164 triples */
+    size_t len;
+    assert_int_equal(smtpe__xtext_decode(enc, n, &len), SMTPE__XTEXT_CONTROL);
+    /* every octet but the controls, together: back exactly */
+    assert_int_equal(np, 256 - 33);
+    n = smtpe__xtext_encode(plain, np, enc, sizeof enc);
+    assert_true(n != SIZE_MAX);
+    assert_int_equal(smtpe__xtext_decode(enc, n, &len), SMTPE__XTEXT_OK);
+    assert_int_equal(len, np);
+    assert_memory_equal(enc, plain, np);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -595,6 +709,8 @@ int main(void)
         cmocka_unit_test(test_parse_params),
         cmocka_unit_test(test_parse_params_max),
         cmocka_unit_test(test_parse_u64),
+        cmocka_unit_test(test_xtext_encode),
+        cmocka_unit_test(test_xtext_round_trip),
     };
     return cmocka_run_group_tests_name("command", tests, NULL, NULL);
 }

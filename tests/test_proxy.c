@@ -1,6 +1,8 @@
 /*
  * test_proxy.c - unit tests of engine/proxy.c: the PROXY protocol header reader and parser
- * (HAProxy's proxy-protocol.txt §2.1 v1, §2.2 v2, §2.2.7 TLVs) and smtpe_proxy_tlv_next.
+ * (HAProxy's proxy-protocol.txt §2.1 v1, §2.2 v2, §2.2.7 TLVs), smtpe_proxy_tlv_next, and the
+ * emitter smtpe__proxy_emit (exact octets, IPv6 in RFC 5952 text, cap boundaries, refused
+ * infos, and every emitted header read and parsed back to its info).
  *
  * Every header is fed whole, one octet at a time and in chunks of 2, 3 and 7 octets, each time
  * followed by the client's first command: the results, the octets consumed and the gathered
@@ -856,6 +858,371 @@ static void test_tlv_next(void **state)
     assert_int_equal(smtpe_proxy_tlv_next(NULL, &type, &v), 0);
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * smtpe__proxy_emit
+ * ------------------------------------------------------------------------------------------- */
+
+/* An info with the given fields (addresses and TLVs empty). */
+static smtpe_proxy_info mk(int version, int local, int family, int transport)
+{
+    smtpe_proxy_info i;
+    memset(&i, 0, sizeof i);
+    i.version = version;
+    i.local = local;
+    i.family = family;
+    i.transport = transport;
+    return i;
+}
+
+/* Emits in into out (room for max octets) and checks the cap boundaries: the header fits in
+ * exactly its length, not in one less (nothing written then), and no call writes past cap.
+ * Returns the length (0 when in is refused, which every cap must agree on). */
+static size_t emit(const smtpe_proxy_info *in, uint8_t *out, size_t max)
+{
+    static uint8_t tmp[16 + 65535 + 8];
+    assert_true(max < sizeof tmp);
+    size_t n = smtpe__proxy_emit(in, tmp, max);
+    if (n == 0) {
+        assert_int_equal(smtpe__proxy_emit(in, tmp, sizeof tmp - 1), 0);
+        return 0;
+    }
+    assert_true(n <= max);
+    memset(tmp, 0xee, n + 1);
+    assert_int_equal(smtpe__proxy_emit(in, tmp, n - 1), 0);
+    for (size_t i = n - 1; i <= n; i++)
+        assert_int_equal(tmp[i], 0xee); /* the refused call wrote nothing at or past cap */
+    assert_int_equal(smtpe__proxy_emit(in, tmp, n), n);
+    assert_int_equal(tmp[n], 0xee);
+    assert_int_equal(smtpe__proxy_emit(in, out, max), n);
+    assert_memory_equal(out, tmp, n);
+    assert_int_equal(smtpe__proxy_emit(in, NULL, n), 0);
+    return n;
+}
+
+/* Emits in, checks the octets are want[0..want_len), and that they are read and parsed back to
+ * expect (in itself when expect is NULL). */
+static void emit_exact(const smtpe_proxy_info *in, const void *want, size_t want_len,
+                       const smtpe_proxy_info *expect)
+{
+    uint8_t out[1024];
+    size_t n = emit(in, out, sizeof out);
+    if (n != want_len || memcmp(out, want, n) != 0) {
+        print_bytes("emitted: ", out, n);
+        print_bytes("wanted:  ", want, want_len);
+        fail_msg("smtpe__proxy_emit wrote other octets");
+    }
+    smtpe_proxy_info back;
+    expect_ok(out, n, &back);
+    assert_info_equal(&back, expect ? expect : in);
+}
+
+#define EMIT_V1(in, lit, expect) emit_exact(in, lit, sizeof(lit) - 1, expect)
+
+static void set_inet(smtpe_proxy_info *i, const char *src, const char *dst, uint16_t sp,
+                     uint16_t dp)
+{
+    memcpy(i->src_addr, src, 4);
+    memcpy(i->dst_addr, dst, 4);
+    i->src_port = sp;
+    i->dst_port = dp;
+}
+
+/* Groups g[8] as 16 octets in network order. */
+static void set_groups(uint8_t a[16], const unsigned g[8])
+{
+    for (int i = 0; i < 8; i++) {
+        a[2 * i] = (uint8_t)(g[i] >> 8);
+        a[2 * i + 1] = (uint8_t)g[i];
+    }
+}
+
+static void test_emit_v1_tcp4(void **state)
+{
+    (void)state;
+    smtpe_proxy_info in = mk(1, 0, SMTPE_PROXY_AF_INET, SMTPE_PROXY_TRANSPORT_STREAM);
+    set_inet(&in, "\xc0\x00\x02\x01", "\xc6\x33\x64\x16", 56324, 25);
+    EMIT_V1(&in, "PROXY TCP4 192.0.2.1 198.51.100.22 56324 25\r\n", NULL);
+    set_inet(&in, "\0\0\0\0", "\xff\xff\xff\xff", 0, 65535);
+    EMIT_V1(&in, "PROXY TCP4 0.0.0.0 255.255.255.255 0 65535\r\n", NULL);
+    set_inet(&in, "\x0a\x14\x1e\x28", "\x64\x00\x09\xc7", 1, 10);
+    EMIT_V1(&in, "PROXY TCP4 10.20.30.40 100.0.9.199 1 10\r\n", NULL);
+    /* an unspecified transport is taken as TCP; what comes back says STREAM */
+    smtpe_proxy_info unspec = in, want = in;
+    unspec.transport = SMTPE_PROXY_TRANSPORT_UNSPEC;
+    EMIT_V1(&unspec, "PROXY TCP4 10.20.30.40 100.0.9.199 1 10\r\n", &want);
+}
+
+static void test_emit_v1_tcp6(void **state)
+{
+    (void)state;
+    /* RFC 5952 §4: the canonical text form */
+    static const struct {
+        unsigned src[8], dst[8];
+        const char *want;
+    } cases[] = {
+        {{0x2001, 0xdb8, 0, 0, 0, 0, 0, 1}, {0, 0, 0, 0, 0, 0, 0, 0},
+         "PROXY TCP6 2001:db8::1 :: 1 2\r\n"},
+        {{0, 0, 0, 0, 0, 0, 0, 1}, {1, 0, 0, 0, 0, 0, 0, 0}, "PROXY TCP6 ::1 1:: 1 2\r\n"},
+        /* leading zeros go (§4.1), hex is lower case (§4.3) */
+        {{0x2001, 0x0db8, 0, 0, 0, 0xff00, 0x42, 0x8329},
+         {0xABCD, 0xEF01, 0x2345, 0x6789, 0xabcd, 0xef01, 0x2345, 0x6789},
+         "PROXY TCP6 2001:db8::ff00:42:8329 abcd:ef01:2345:6789:abcd:ef01:2345:6789 1 2\r\n"},
+        /* one zero group is not "::" (§4.2.2); the longest run is (§4.2.1) */
+        {{0x2001, 0xdb8, 0, 1, 1, 1, 1, 1}, {0x2001, 0, 0, 1, 0, 0, 0, 1},
+         "PROXY TCP6 2001:db8:0:1:1:1:1:1 2001:0:0:1::1 1 2\r\n"},
+        /* equally long runs: the first (§4.2.3) */
+        {{0x2001, 0xdb8, 0, 0, 1, 0, 0, 1}, {1, 0, 0, 2, 0, 0, 0, 3},
+         "PROXY TCP6 2001:db8::1:0:0:1 1:0:0:2::3 1 2\r\n"},
+        {{0, 0, 1, 0, 0, 0, 0, 0}, {0, 0, 0, 1, 0, 0, 0, 0}, "PROXY TCP6 0:0:1:: 0:0:0:1:: 1 2\r\n"},
+        {{1, 0, 2, 0, 3, 0, 4, 0}, {0, 1, 0, 2, 0, 3, 0, 4},
+         "PROXY TCP6 1:0:2:0:3:0:4:0 0:1:0:2:0:3:0:4 1 2\r\n"},
+        /* IPv4-mapped: hex groups, not a dotted quad */
+        {{0, 0, 0, 0, 0, 0xffff, 0x0102, 0x0304}, {0x64, 0xff9b, 0, 0, 0, 0, 0xc000, 0x0221},
+         "PROXY TCP6 ::ffff:102:304 64:ff9b::c000:221 1 2\r\n"},
+    };
+    smtpe_proxy_info in = mk(1, 0, SMTPE_PROXY_AF_INET6, SMTPE_PROXY_TRANSPORT_STREAM);
+    in.src_port = 1;
+    in.dst_port = 2;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        set_groups(in.src_addr, cases[i].src);
+        set_groups(in.dst_addr, cases[i].dst);
+        emit_exact(&in, cases[i].want, strlen(cases[i].want), NULL);
+    }
+    /* the longest TCP6 header: 104 octets */
+    memset(in.src_addr, 0xff, 16);
+    memset(in.dst_addr, 0xff, 16);
+    in.src_port = in.dst_port = 65535;
+    EMIT_V1(&in,
+            "PROXY TCP6 ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff "
+            "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff 65535 65535\r\n",
+            NULL);
+    uint8_t out[200];
+    assert_int_equal(smtpe__proxy_emit(&in, out, sizeof out), 104);
+}
+
+/* "PROXY UNKNOWN\r\n" for whatever v1 cannot say (§2.1); it parses back as local. */
+static void test_emit_v1_unknown(void **state)
+{
+    (void)state;
+    smtpe_proxy_info want = mk(1, 1, SMTPE_PROXY_AF_UNSPEC, SMTPE_PROXY_TRANSPORT_UNSPEC);
+    smtpe_proxy_info ins[] = {
+        mk(1, 1, SMTPE_PROXY_AF_UNSPEC, SMTPE_PROXY_TRANSPORT_UNSPEC), /* what UNKNOWN parses to */
+        mk(1, 1, SMTPE_PROXY_AF_INET, SMTPE_PROXY_TRANSPORT_STREAM),   /* local wins */
+        mk(1, 1, SMTPE_PROXY_AF_INET6, SMTPE_PROXY_TRANSPORT_STREAM),
+        mk(1, 0, SMTPE_PROXY_AF_UNSPEC, SMTPE_PROXY_TRANSPORT_STREAM),
+        mk(1, 0, SMTPE_PROXY_AF_UNIX, SMTPE_PROXY_TRANSPORT_STREAM),
+        mk(1, 0, SMTPE_PROXY_AF_INET, SMTPE_PROXY_TRANSPORT_DGRAM), /* UDP: no v1 form */
+        mk(1, 0, SMTPE_PROXY_AF_INET6, SMTPE_PROXY_TRANSPORT_DGRAM),
+    };
+    for (size_t i = 0; i < sizeof ins / sizeof ins[0]; i++) {
+        set_inet(&ins[i], "\1\2\3\4", "\5\6\7\10", 9, 10);
+        EMIT_V1(&ins[i], "PROXY UNKNOWN\r\n", &want);
+    }
+}
+
+/* Every v1 header the parser accepts in the tests above comes back from its info. */
+static void test_emit_v1_round_trip(void **state)
+{
+    (void)state;
+    static const char *headers[] = {
+        "PROXY TCP4 192.0.2.1 198.51.100.22 56324 25\r\n",
+        "PROXY TCP6 ::ffff:1.2.3.4 2001:db8:1:2:3:4:5:abcd 1 2\r\n",
+        "PROXY TCP6 2001:DB8::25 2001:0db8:0001:0002:0003:0004:0005:ABCD 1 2\r\n",
+        "PROXY TCP6 1:2:3:4:5:6:7:: ::1:2:3:4:5:6:7 1 2\r\n",
+        "PROXY TCP6 1:2:3:4:5:6:192.0.2.33 ::ffff:1.2.3.4 1 2\r\n",
+        "PROXY UNKNOWN 1.2.3.4 5.6.7.8 1 2\r\n",
+    };
+    for (size_t i = 0; i < sizeof headers / sizeof headers[0]; i++) {
+        smtpe_proxy_info info, back;
+        uint8_t out[200];
+        expect_ok((const uint8_t *)headers[i], strlen(headers[i]), &info);
+        size_t n = emit(&info, out, sizeof out);
+        assert_true(n > 0);
+        expect_ok(out, n, &back);
+        assert_info_equal(&back, &info);
+    }
+}
+
+static void test_emit_v2(void **state)
+{
+    (void)state;
+    uint8_t want[600], body[300];
+    size_t n;
+    /* INET, TCP: exact octets, without and with TLVs */
+    smtpe_proxy_info in = mk(2, 0, SMTPE_PROXY_AF_INET, SMTPE_PROXY_TRANSPORT_STREAM);
+    set_inet(&in, "\xc0\x00\x02\x01", "\xc6\x33\x64\x16", 56324, 25);
+    static const uint8_t inet_header[28] = {0x0d, 0x0a, 0x0d, 0x0a, 0x00, 0x0d, 0x0a, 0x51,
+                                            0x55, 0x49, 0x54, 0x0a, 0x21, 0x11, 0x00, 0x0c,
+                                            192, 0, 2, 1, 198, 51, 100, 22, 0xdc, 0x04, 0, 25};
+    emit_exact(&in, inet_header, sizeof inet_header, NULL);
+    in.tlvs = (smtpe_span){some_tlvs, sizeof some_tlvs};
+    memcpy(body, inet_block, 12);
+    memcpy(body + 12, some_tlvs, sizeof some_tlvs);
+    n = v2(want, 0x21, 0x11, body, 12 + sizeof some_tlvs);
+    emit_exact(&in, want, n, NULL);
+    /* INET, UDP */
+    in.transport = SMTPE_PROXY_TRANSPORT_DGRAM;
+    in.tlvs = (smtpe_span){NULL, 0};
+    n = v2(want, 0x21, 0x12, inet_block, 12);
+    emit_exact(&in, want, n, NULL);
+
+    /* INET6, with and without TLVs */
+    in = mk(2, 0, SMTPE_PROXY_AF_INET6, SMTPE_PROXY_TRANSPORT_STREAM);
+    for (int i = 0; i < 16; i++) {
+        in.src_addr[i] = body[i] = (uint8_t)(0x20 + i);
+        in.dst_addr[i] = body[16 + i] = (uint8_t)(0xf0 - i);
+    }
+    in.src_port = 256, in.dst_port = 587;
+    body[32] = 0x01, body[33] = 0x00, body[34] = 0x02, body[35] = 0x4b;
+    emit_exact(&in, want, v2(want, 0x21, 0x21, body, 36), NULL);
+    memcpy(body + 36, some_tlvs, sizeof some_tlvs);
+    in.tlvs = (smtpe_span){some_tlvs, sizeof some_tlvs};
+    emit_exact(&in, want, v2(want, 0x21, 0x21, body, 36 + sizeof some_tlvs), NULL);
+
+    /* AF_UNIX: two empty paths (info holds none), and the TLVs */
+    in = mk(2, 0, SMTPE_PROXY_AF_UNIX, SMTPE_PROXY_TRANSPORT_DGRAM);
+    memset(body, 0, 216);
+    emit_exact(&in, want, v2(want, 0x21, 0x32, body, 216), NULL);
+    in.tlvs = (smtpe_span){some_tlvs, sizeof some_tlvs};
+    memcpy(body + 216, some_tlvs, sizeof some_tlvs);
+    emit_exact(&in, want, v2(want, 0x21, 0x32, body, 216 + sizeof some_tlvs), NULL);
+    /* the address fields play no part for AF_UNIX */
+    smtpe_proxy_info with_addr = in;
+    memset(with_addr.src_addr, 0x11, 16);
+    with_addr.dst_port = 25;
+    emit_exact(&with_addr, want, v2(want, 0x21, 0x32, body, 216 + sizeof some_tlvs), &in);
+}
+
+/* Local infos: LOCAL when there is nothing else to say, PROXY with AF_UNSPEC when a transport
+ * or TLVs must reach the receiver. */
+static void test_emit_v2_local(void **state)
+{
+    (void)state;
+    uint8_t want[600];
+    smtpe_proxy_info want_local = mk(2, 1, SMTPE_PROXY_AF_UNSPEC, SMTPE_PROXY_TRANSPORT_UNSPEC);
+    static const uint8_t local_header[16] = {0x0d, 0x0a, 0x0d, 0x0a, 0x00, 0x0d, 0x0a, 0x51,
+                                             0x55, 0x49, 0x54, 0x0a, 0x20, 0x00, 0x00, 0x00};
+    smtpe_proxy_info in = want_local;
+    emit_exact(&in, local_header, sizeof local_header, NULL);
+    /* local wins over a family and its addresses */
+    in = mk(2, 1, SMTPE_PROXY_AF_INET, SMTPE_PROXY_TRANSPORT_UNSPEC);
+    set_inet(&in, "\1\2\3\4", "\5\6\7\10", 9, 10);
+    emit_exact(&in, local_header, sizeof local_header, &want_local);
+    /* what PROXY + AF_UNSPEC parses to: transport and TLVs survive */
+    in = mk(2, 1, SMTPE_PROXY_AF_UNSPEC, SMTPE_PROXY_TRANSPORT_STREAM);
+    emit_exact(&in, want, v2(want, 0x21, 0x01, NULL, 0), NULL);
+    in.tlvs = (smtpe_span){some_tlvs, sizeof some_tlvs};
+    emit_exact(&in, want, v2(want, 0x21, 0x01, some_tlvs, sizeof some_tlvs), NULL);
+    in.transport = SMTPE_PROXY_TRANSPORT_UNSPEC;
+    emit_exact(&in, want, v2(want, 0x21, 0x00, some_tlvs, sizeof some_tlvs), NULL);
+    /* AF_UNSPEC without local is sent the same way and comes back local */
+    smtpe_proxy_info back = in;
+    in.local = 0;
+    emit_exact(&in, want, v2(want, 0x21, 0x00, some_tlvs, sizeof some_tlvs), &back);
+    /* any non-zero local is local */
+    in = want_local;
+    in.local = 7;
+    emit_exact(&in, local_header, sizeof local_header, &want_local);
+}
+
+/* The largest v2 header: len 65535. */
+static void test_emit_v2_max(void **state)
+{
+    (void)state;
+    static uint8_t tlvs[65535 + 1], out[16 + 65535 + 1];
+    smtpe_proxy_info in = mk(2, 1, SMTPE_PROXY_AF_UNSPEC, SMTPE_PROXY_TRANSPORT_STREAM), back;
+    tlvs[0] = 0x04, tlvs[1] = 0xff, tlvs[2] = 0xfc; /* one NOOP TLV of 65532 octets */
+    in.tlvs = (smtpe_span){tlvs, 65535};
+    size_t n = emit(&in, out, sizeof out);
+    assert_int_equal(n, 16 + 65535);
+    assert_int_equal(out[14], 0xff);
+    assert_int_equal(out[15], 0xff);
+    assert_int_equal(smtpe__proxy_parse(out, n, &back), 0);
+    assert_int_equal(back.tlvs.len, 65535);
+    assert_ptr_equal(back.tlvs.ptr, out + 16);
+    /* under INET the address block takes 12 of the 65535 */
+    in = mk(2, 0, SMTPE_PROXY_AF_INET, SMTPE_PROXY_TRANSPORT_STREAM);
+    tlvs[1] = 0xff, tlvs[2] = 0xf0;
+    in.tlvs = (smtpe_span){tlvs, 65523};
+    assert_int_equal(emit(&in, out, sizeof out), 16 + 65535);
+    assert_int_equal(smtpe__proxy_parse(out, 16 + 65535, &back), 0);
+    tlvs[2] = 0xf1; /* one octet more: len would be 65536 */
+    in.tlvs = (smtpe_span){tlvs, 65524};
+    assert_int_equal(emit(&in, out, sizeof out), 0);
+    in.family = SMTPE_PROXY_AF_UNIX; /* 216 + 65320 = 65536 */
+    tlvs[1] = 0xff, tlvs[2] = 0x25;
+    in.tlvs = (smtpe_span){tlvs, 65320};
+    assert_int_equal(emit(&in, out, sizeof out), 0);
+    tlvs[2] = 0x24;
+    in.tlvs = (smtpe_span){tlvs, 65319};
+    assert_int_equal(emit(&in, out, sizeof out), 16 + 65535);
+}
+
+/* Infos that are refused whatever the room. */
+static void test_emit_invalid(void **state)
+{
+    (void)state;
+    uint8_t out[1024];
+    static const uint8_t bad_tlvs[][7] = {
+        {0x01}, {0x01, 0x00}, {0x01, 0x00, 0x01}, {0x01, 0x00, 0x05, 'x', 'y', 'z', 'w'},
+        {0x04, 0x00, 0x00, 0x01},
+    };
+    static const size_t bad_len[] = {1, 2, 3, 7, 4};
+    smtpe_proxy_info ok = mk(2, 0, SMTPE_PROXY_AF_INET, SMTPE_PROXY_TRANSPORT_STREAM), in;
+    assert_int_equal(smtpe__proxy_emit(NULL, out, sizeof out), 0);
+    assert_int_equal(smtpe__proxy_emit(&ok, NULL, sizeof out), 0);
+    assert_int_equal(smtpe__proxy_emit(&ok, out, 0), 0);
+    for (int v = 1; v <= 2; v++) {
+        static const int versions[] = {0, 3, -1, 0x7fffffff};
+        in = ok, in.version = v;
+        assert_true(emit(&in, out, sizeof out) > 0); /* the base case is fine */
+        for (size_t i = 0; i < 4; i++) {
+            in = ok, in.version = versions[i];
+            assert_int_equal(emit(&in, out, sizeof out), 0);
+        }
+        static const int families[] = {-1, 4, 15, 0x10};
+        for (size_t i = 0; i < 4; i++) {
+            in = ok, in.version = v, in.family = families[i];
+            assert_int_equal(emit(&in, out, sizeof out), 0);
+            in.local = 1; /* refused even where the family plays no part */
+            assert_int_equal(emit(&in, out, sizeof out), 0);
+        }
+        static const int transports[] = {-1, 3, 15};
+        for (size_t i = 0; i < 3; i++) {
+            in = ok, in.version = v, in.transport = transports[i];
+            assert_int_equal(emit(&in, out, sizeof out), 0);
+        }
+    }
+    /* v1 has no TLVs */
+    in = ok, in.version = 1, in.tlvs = (smtpe_span){some_tlvs, sizeof some_tlvs};
+    assert_int_equal(emit(&in, out, sizeof out), 0);
+    in.local = 1;
+    assert_int_equal(emit(&in, out, sizeof out), 0);
+    /* v2 TLVs that are not well formed (§2.2.7), under every family and local */
+    for (size_t i = 0; i < sizeof bad_len / sizeof bad_len[0]; i++) {
+        for (int f = SMTPE_PROXY_AF_UNSPEC; f <= SMTPE_PROXY_AF_UNIX; f++) {
+            in = ok, in.family = f, in.tlvs = (smtpe_span){bad_tlvs[i], bad_len[i]};
+            assert_int_equal(emit(&in, out, sizeof out), 0);
+            in.local = 1;
+            assert_int_equal(emit(&in, out, sizeof out), 0);
+        }
+    }
+    /* a length without octets */
+    in = ok, in.tlvs = (smtpe_span){NULL, 3};
+    assert_int_equal(emit(&in, out, sizeof out), 0);
+    /* an empty span may have any pointer */
+    in = ok, in.tlvs = (smtpe_span){NULL, 0};
+    assert_int_equal(emit(&in, out, sizeof out), 28);
+    /* a failed emit writes nothing */
+    memset(out, 0xee, sizeof out);
+    in = ok, in.tlvs = (smtpe_span){bad_tlvs[3], bad_len[3]};
+    assert_int_equal(smtpe__proxy_emit(&in, out, sizeof out), 0);
+    in = ok, in.version = 1;
+    assert_int_equal(smtpe__proxy_emit(&in, out, 10), 0);
+    for (size_t i = 0; i < sizeof out; i++)
+        assert_int_equal(out[i], 0xee);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -876,6 +1243,14 @@ int main(void)
         cmocka_unit_test(test_v2_incomplete),
         cmocka_unit_test(test_parse_direct),
         cmocka_unit_test(test_tlv_next),
+        cmocka_unit_test(test_emit_v1_tcp4),
+        cmocka_unit_test(test_emit_v1_tcp6),
+        cmocka_unit_test(test_emit_v1_unknown),
+        cmocka_unit_test(test_emit_v1_round_trip),
+        cmocka_unit_test(test_emit_v2),
+        cmocka_unit_test(test_emit_v2_local),
+        cmocka_unit_test(test_emit_v2_max),
+        cmocka_unit_test(test_emit_invalid),
     };
     return cmocka_run_group_tests_name("proxy", tests, NULL, NULL);
 }
