@@ -47,7 +47,7 @@
  *     is only ever given to a session whose config asks for the feature it belongs to, which
  *     an older program cannot do.
  * The shared library exports exactly the functions declared with SMTPE_API here (a linker
- * version script, node SMTPE_0.2); the engine's internal functions are hidden in every build
+ * version script, nodes SMTPE_0.2 and SMTPE_0.3); the engine's internal functions are hidden in every build
  * (static in the amalgamated smtpe.c). A copy of smtpe compiled into a shared object of the
  * embedder's (a plug-in, a language binding) keeps its API out of that object's exports too
  * when built with SMTPE_API hidden (below) or -fvisibility=hidden, so two copies in one
@@ -80,10 +80,10 @@ extern "C" {
  * Versions. SMTPE_VERSION_NUM is (major << 16) | (minor << 8) | patch.
  * ------------------------------------------------------------------------------------------- */
 #define SMTPE_VERSION_MAJOR 0
-#define SMTPE_VERSION_MINOR 2
+#define SMTPE_VERSION_MINOR 3
 #define SMTPE_VERSION_PATCH 0
-#define SMTPE_VERSION_NUM 0x000200
-#define SMTPE_VERSION_STRING "0.2.0"
+#define SMTPE_VERSION_NUM 0x000300
+#define SMTPE_VERSION_STRING "0.3.0"
 
 /* The library's SMTPE_VERSION_NUM (the release the program runs with, which may be later
  * than the header it was built with). */
@@ -864,8 +864,10 @@ typedef struct smtpe_client_config {
      * (the default) sends each as CRLF; SMTPE_LINE_ENDING_REFUSE refuses the message (see
      * smtpe_client_txn.content). KEEP is not allowed: no bare CR or LF ever reaches the wire. */
     smtpe_line_ending_policy line_ending;
-    /* Send a PROXY protocol header (version proxy->version, 1 or 2) before anything else; the
-     * info is copied. NULL (the default): none. */
+    /* Send a PROXY protocol header (version proxy->version, 1 or 2) before anything else: it
+     * is queued when the session is created (so proxy and its TLVs need live only until
+     * then). A host using SMTPE_TLS_IMPLICIT sends it before its handshake. NULL (the
+     * default): none. */
     const smtpe_proxy_info *proxy;
     /* XCLIENT attributes (Postfix XCLIENT_README: NAME, ADDR, PORT, PROTO, HELO, LOGIN,
      * DESTADDR, DESTPORT), sent after the EHLO (and TLS, before AUTH) when the server offers
@@ -1098,10 +1100,12 @@ typedef struct smtpe_client_event {
 
 typedef struct smtpe_client smtpe_client;
 
-/* Octets of memory one client session needs for cfg: S + max_reply_line + output_buffer_size
- * + 8 * (max_unanswered / 4) + max_recipients / 8 (rounded), with S the session struct (about
- * 2 KiB with its copy of the config and the capability lines). Returns 0 if cfg is invalid
- * or its version unknown. */
+/* Octets of memory one client session needs for cfg, a fixed size: S + max_reply_line +
+ * output_buffer_size + 12 * (max_unanswered / 6 + 8) + 2 * ceil(max_recipients / 8), rounded
+ * to max_align_t, with S the session struct (about 3.5 KiB with its copy of the config, the
+ * capability lines and the event queue): the reply line buffer, the output ring, the queue of
+ * commands awaiting replies and two bits per recipient. With the defaults (on LP64): 29968
+ * octets. Returns 0 if cfg is invalid or its version unknown. */
 SMTPE_API size_t smtpe_client_memory_size_versioned(int config_version,
                                                     const smtpe_client_config *cfg);
 #define smtpe_client_memory_size(cfg)                                                           \

@@ -1,0 +1,247 @@
+/* client_harness.c - see client_harness.h. */
+#include "client_harness.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void buf_put(ch_buf *b, const void *p, size_t n)
+{
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n + 1)
+            cap *= 2;
+        b->p = realloc(b->p, cap);
+        if (!b->p)
+            abort();
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, p, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+static void logf_(ch *h, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#include <stdarg.h>
+static void logf_(ch *h, const char *fmt, ...)
+{
+    char line[1200];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    buf_put(&h->log, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+}
+
+void ch_init(ch *h)
+{
+    memset(h, 0, sizeof *h);
+    smtpe_client_config_init(&h->cfg);
+    h->cfg.helo_name = "client.example";
+    h->seed = 12345;
+}
+
+int ch_open(ch *h)
+{
+    return smtpe_client_new(&h->c, &h->cfg, NULL, h->now);
+}
+
+void ch_free(ch *h)
+{
+    smtpe_client_free(h->c);
+    free(h->out.p);
+    free(h->log.p);
+    free(h->taken.p);
+    h->c = NULL;
+    memset(&h->out, 0, sizeof h->out);
+    memset(&h->log, 0, sizeof h->log);
+    memset(&h->taken, 0, sizeof h->taken);
+}
+
+int ch_submit(ch *h, const char *from, const char *const *to, size_t n)
+{
+    h->txn.reverse_path = from;
+    for (size_t i = 0; i < n && i < 64; i++) {
+        memset(&h->rcpts[i], 0, sizeof h->rcpts[i]);
+        h->rcpts[i].forward_path = to[i];
+    }
+    h->txn.rcpts = h->rcpts;
+    h->txn.rcpt_count = n;
+    int r = smtpe_client_submit(h->c, &h->txn);
+    ch_pump(h);
+    return r;
+}
+
+static const char *outcome_name(int o)
+{
+    static const char *const names[] = {"?", "delivered", "permanent", "temporary", "unknown"};
+    return o >= 1 && o <= 4 ? names[o] : "?";
+}
+
+static const char *reason_name(int r)
+{
+    static const char *const names[] = {"quit",   "421",          "protocol-error",
+                                        "lost",   "timeout",      "tls-required",
+                                        "auth-failed", "aborted", "refused"};
+    return r >= 0 && r <= 8 ? names[r] : "?";
+}
+
+static void log_event(ch *h, const smtpe_client_event *ev)
+{
+    switch (ev->type) {
+    case SMTPE_CEV_READY:
+        logf_(h, "READY ext=%#x size=%llu auth=%.*s tls=%d auth_ok=%d\n",
+              ev->ready.extensions, (unsigned long long)ev->ready.size_limit,
+              (int)ev->ready.auth.len, (const char *)ev->ready.auth.ptr, ev->ready.tls,
+              ev->ready.authenticated);
+        break;
+    case SMTPE_CEV_STARTTLS: logf_(h, "STARTTLS\n"); break;
+    case SMTPE_CEV_AUTH_STEP:
+        logf_(h, "AUTH_STEP %u %.*s\n", ev->auth_step.step, (int)ev->auth_step.challenge.len,
+              (const char *)ev->auth_step.challenge.ptr);
+        break;
+    case SMTPE_CEV_CONTENT: logf_(h, "CONTENT\n"); break;
+    case SMTPE_CEV_OUTCOME:
+        logf_(h, "OUTCOME %zu %s %03u %.*s %.*s%s%s\n", ev->outcome.index,
+              outcome_name(ev->outcome.outcome), ev->outcome.code,
+              ev->outcome.enhanced.len ? (int)ev->outcome.enhanced.len : 1,
+              ev->outcome.enhanced.len ? (const char *)ev->outcome.enhanced.ptr : "-",
+              (int)ev->outcome.text.len, (const char *)ev->outcome.text.ptr,
+              ev->outcome.local ? " [local]" : "", ev->outcome.before_mail ? " [before-mail]" : "");
+        break;
+    case SMTPE_CEV_TRANSACTION_DONE:
+        logf_(h, "DONE %zu/%zu/%zu/%zu%s\n", ev->done.delivered, ev->done.permanent,
+              ev->done.temporary, ev->done.unknown, ev->done.reusable ? " reusable" : "");
+        break;
+    case SMTPE_CEV_CLOSED:
+        logf_(h, "CLOSED %s %03u %.*s\n", reason_name(ev->closed.reason), ev->closed.code,
+              (int)ev->closed.text.len, (const char *)ev->closed.text.ptr);
+        h->closed = 1;
+        break;
+    default: logf_(h, "EVENT %d\n", (int)ev->type); break;
+    }
+}
+
+static int give_content(ch *h)
+{
+    int progress = 0;
+    while (smtpe_client_want(h->c) & SMTPE_WANT_CONTENT) {
+        size_t left = h->content_len - h->content_at;
+        size_t n = h->piece && h->piece < left ? h->piece : left;
+        int last = n == left;
+        smtpe_ssize r = smtpe_client_content(h->c, h->content + h->content_at, n, last);
+        if (r < 0) {
+            logf_(h, "CONTENT-ERROR %d\n", (int)r);
+            return progress;
+        }
+        h->content_at += (size_t)r;
+        if (r == 0 && !(last && n == 0))
+            return progress;
+        progress = 1;
+        if (last && (size_t)r == n)
+            return progress; /* the final piece is in */
+    }
+    return progress;
+}
+
+void ch_pump(ch *h)
+{
+    int progress = 1;
+    while (progress) {
+        smtpe_client_event ev;
+        size_t len;
+        const uint8_t *o;
+        progress = 0;
+        while (smtpe_client_next_event(h->c, &ev) == 1) {
+            progress = 1;
+            log_event(h, &ev);
+            if (ev.type == SMTPE_CEV_STARTTLS && !h->manual_tls) {
+                /* the host sends what is queued, runs the handshake (none here), and says so */
+                while ((o = smtpe_client_send_buf(h->c, &len)) && len > 0) {
+                    buf_put(&h->out, o, len);
+                    smtpe_client_send_ack(h->c, len);
+                }
+                buf_put(&h->out, "<TLS>", 5);
+                smtpe_client_tls_started(h->c, h->now);
+            } else if (ev.type == SMTPE_CEV_AUTH_STEP) {
+                const char *r = ev.auth_step.step < 8 ? h->auth_steps[ev.auth_step.step] : NULL;
+                smtpe_client_auth_response(h->c, (const uint8_t *)r, r ? strlen(r) : 0);
+            } else if (ev.type == SMTPE_CEV_CONTENT && h->abort_content) {
+                logf_(h, "ABORT %d\n", smtpe_client_abort_content(h->c));
+            }
+        }
+        while ((o = smtpe_client_send_buf(h->c, &len)) && len > 0) {
+            buf_put(&h->out, o, len);
+            smtpe_client_send_ack(h->c, len);
+            progress = 1;
+        }
+        if (!h->abort_content && give_content(h))
+            progress = 1;
+    }
+    (void)smtpe_client_expiry(h->c, h->now); /* a host arms its timer after each round */
+}
+
+static uint32_t next_rand(uint32_t *s)
+{
+    *s = *s * 1103515245u + 12345u;
+    return (*s >> 16) & 0x7fff;
+}
+
+void ch_server_n(ch *h, const uint8_t *p, size_t n)
+{
+    size_t off = 0;
+    int stuck = 0;
+    while (off < n && stuck < 4) {
+        size_t chunk = n - off;
+        if (h->split == CH_OCTET)
+            chunk = 1;
+        else if (h->split == CH_RANDOM)
+            chunk = 1 + next_rand(&h->seed) % (chunk < 17 ? chunk : 17);
+        smtpe_ssize r = smtpe_client_recv(h->c, p + off, chunk, h->now);
+        if (r < 0) {
+            logf_(h, "RECV-ERROR %d\n", (int)r);
+            return;
+        }
+        off += (size_t)r;
+        stuck = r == 0 ? stuck + 1 : 0;
+        ch_pump(h);
+    }
+    if (off < n)
+        logf_(h, "UNREAD %zu\n", n - off);
+}
+
+void ch_server(ch *h, const char *octets)
+{
+    ch_server_n(h, (const uint8_t *)octets, strlen(octets));
+}
+
+/* Moves b's text into h->taken and empties b. */
+static const char *take(ch *h, ch_buf *b)
+{
+    h->taken.len = 0;
+    buf_put(&h->taken, b->p ? b->p : "", b->len);
+    b->len = 0;
+    if (b->p)
+        b->p[0] = '\0';
+    return h->taken.p;
+}
+
+const char *ch_take_out(ch *h)
+{
+    return take(h, &h->out);
+}
+
+const char *ch_take_log(ch *h)
+{
+    return take(h, &h->log);
+}
+
+void ch_time(ch *h, uint64_t t)
+{
+    h->now = t;
+    if (smtpe_client_handle_expiry(h->c, t))
+        logf_(h, "EXPIRED\n");
+    ch_pump(h);
+}
