@@ -96,3 +96,165 @@ int smtpe__reply_text_check(const char *text, size_t len)
     }
     return too_long ? 2 : 0;
 }
+
+/* ---- The strict reply parser (client side). RFC 5321 §4.2, §4.5.3.1.5. ----------------------
+ * One octet at a time (rp_octet), so that every split of the input decides the same way; each
+ * octet is checked before it changes the parser, in the order the header gives. */
+
+/* p->state: a line being read, its CR seen, a line handed out (LINE), the reply handed out
+ * (DONE); a negative state is the error the parser stopped at. */
+enum { RP_IN_LINE = 0, RP_CR = 1, RP_LINE_OUT = 2, RP_REPLY_OUT = 3 };
+
+void smtpe__reply_parser_start(smtpe__reply_parser *p)
+{
+    p->len = 0;
+    p->total = 0;
+    p->code = 0;
+    p->lines = 0;
+    p->state = RP_IN_LINE;
+}
+
+/* The digit of code at position at (0: hundreds, 1: tens, 2: units), as an octet. */
+static uint8_t code_digit(unsigned code, size_t at)
+{
+    unsigned d = at == 0 ? code / 100 : at == 1 ? code / 10 % 10 : code % 10;
+    return (uint8_t)('0' + d);
+}
+
+/* Checks octet c (not the LF of a CRLF) at p->len of the current line without changing p:
+ * SMTPE__RP_MORE if it may be taken, else the error. */
+static int rp_check(const smtpe__reply_parser *p, uint8_t c)
+{
+    static const uint8_t lo[3] = {'2', '0', '0'}, hi[3] = {'5', '5', '9'};
+    if (c == '\n')
+        return SMTPE__RP_BARE;
+    if (c == '\r')
+        return p->len < 3 ? SMTPE__RP_SYNTAX : SMTPE__RP_MORE;
+    if (c == 0)
+        return SMTPE__RP_SYNTAX;
+    if (p->len < 3) {
+        if (c < lo[p->len] || c > hi[p->len])
+            return SMTPE__RP_SYNTAX;
+        if (p->lines > 0 && c != code_digit(p->code, p->len))
+            return SMTPE__RP_MISMATCH;
+    } else if (p->len == 3 && c != '-' && c != ' ') {
+        return SMTPE__RP_SYNTAX;
+    }
+    return p->len >= p->cap ? SMTPE__RP_LONG_LINE : SMTPE__RP_MORE;
+}
+
+/* Takes one octet: SMTPE__RP_MORE, LINE or DONE at the LF of a CRLF, or an error (p unchanged
+ * but for the state the caller sets). */
+static int rp_octet(smtpe__reply_parser *p, uint8_t c)
+{
+    int r = SMTPE__RP_MORE;
+    if (p->state == RP_CR) {
+        if (c != '\n')
+            return SMTPE__RP_BARE;
+        /* a CR is taken only at p->len >= 3, so buf[3] exists when len > 3 */
+        r = (p->len == 3 || p->buf[3] == ' ') ? SMTPE__RP_DONE : SMTPE__RP_LINE;
+    } else {
+        r = rp_check(p, c);
+        if (r != SMTPE__RP_MORE)
+            return r;
+    }
+    if (p->total >= p->max_total)
+        return SMTPE__RP_TOO_BIG;
+    p->total++;
+    if (r != SMTPE__RP_MORE) {
+        p->lines++;
+        p->state = r == SMTPE__RP_DONE ? RP_REPLY_OUT : RP_LINE_OUT;
+    } else if (c == '\r') {
+        p->state = RP_CR;
+    } else {
+        p->buf[p->len++] = c;
+        if (p->len == 3 && p->lines == 0)
+            p->code = (unsigned)(p->buf[0] - '0') * 100 + (unsigned)(p->buf[1] - '0') * 10 +
+                      (unsigned)(p->buf[2] - '0');
+    }
+    return r;
+}
+
+int smtpe__reply_feed(smtpe__reply_parser *p, const uint8_t *in, size_t n, size_t *used)
+{
+    *used = 0;
+    if (p->state < 0)
+        return p->state;
+    if (p->state == RP_LINE_OUT) {
+        p->len = 0;
+        p->state = RP_IN_LINE;
+    } else if (p->state == RP_REPLY_OUT) {
+        smtpe__reply_parser_start(p);
+    }
+    for (size_t i = 0; i < n; i++) {
+        int r = rp_octet(p, in[i]);
+        if (r == SMTPE__RP_MORE)
+            continue;
+        *used = i + 1;
+        if (r < 0)
+            p->state = r;
+        return r;
+    }
+    *used = n;
+    return SMTPE__RP_MORE;
+}
+
+smtpe_span smtpe__reply_text(const smtpe__reply_parser *p)
+{
+    smtpe_span s = {p->buf, 0};
+    if (p->len > 4) {
+        s.ptr = p->buf + 4;
+        s.len = p->len - 4;
+    }
+    return s;
+}
+
+/* Longest enhanced status code: "c.sss.ddd" (RFC 3463 §2). */
+#define ENHANCED_MAX 9
+
+int smtpe__enhanced_split(smtpe_span text, unsigned code, smtpe_span *enhanced,
+                          smtpe_span *rest)
+{
+    char copy[ENHANCED_MAX + 1];
+    size_t k = 0;
+    while (k < text.len && k <= ENHANCED_MAX && text.ptr[k] != ' ')
+        k++;
+    enhanced->ptr = text.ptr;
+    enhanced->len = 0;
+    *rest = text;
+    /* the code ends at a SP or the end within ENHANCED_MAX octets and holds no NUL (which
+     * would end the C string smtpe__enhanced_valid reads before the span does) */
+    if (k == 0 || k > ENHANCED_MAX || memchr(text.ptr, 0, k))
+        return 0;
+    memcpy(copy, text.ptr, k);
+    copy[k] = 0;
+    if (!smtpe__enhanced_valid(copy, code))
+        return 0;
+    enhanced->len = k;
+    rest->ptr = text.ptr + (k < text.len ? k + 1 : k);
+    rest->len = k < text.len ? text.len - k - 1 : 0;
+    return 1;
+}
+
+const char *smtpe__reply_error_text(int rp)
+{
+    switch (rp) {
+    case SMTPE__RP_MORE:
+    case SMTPE__RP_LINE:
+    case SMTPE__RP_DONE:
+        return "no error";
+    case SMTPE__RP_SYNTAX:
+        return "malformed reply line (a code not 2-5, 0-5, 0-9, not followed by SP, '-' or "
+               "CRLF, or a NUL)";
+    case SMTPE__RP_MISMATCH:
+        return "reply lines with different codes";
+    case SMTPE__RP_LONG_LINE:
+        return "reply line too long";
+    case SMTPE__RP_TOO_BIG:
+        return "reply too long";
+    case SMTPE__RP_BARE:
+        return "bare CR or bare LF in a reply";
+    default:
+        return "unknown reply parser result";
+    }
+}

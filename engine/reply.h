@@ -35,16 +35,17 @@ int smtpe__reply_text_check(const char *text, size_t len);
 /* ---- The strict reply parser (client side). RFC 5321 §4.2, §4.5.3.1.5. ----
  * A reply is one or more lines "ddd-text" CRLF and a last "ddd text" CRLF or "ddd" CRLF: the
  * code's digits are 2-5, 0-5, 0-9; every line of a reply carries the same code; only CRLF ends
- * a line (a bare CR or bare LF is an error); a line holds no NUL. The parser takes one line at
- * a time into a caller buffer, so the caller looks at each line as it completes (EHLO
- * keywords) and the last line stays in the buffer (the text of an outcome). */
+ * a line (a bare CR or bare LF is an error); a line holds no NUL; any other octet (HT, 8-bit)
+ * may be text. The parser takes one line at a time into a caller buffer, so the caller looks
+ * at each line as it completes (EHLO keywords) and the last line stays in the buffer (the text
+ * of an outcome). */
 typedef struct smtpe__reply_parser {
-    uint8_t *buf;     /* cap octets, owned by the caller */
-    size_t cap;       /* longest line without CRLF (max_reply_line - 2) */
+    uint8_t *buf;     /* cap octets, owned by the caller (NULL when cap is 0) */
+    size_t cap;       /* longest line without CRLF, code included (max_reply_line - 2) */
     size_t len;       /* octets of the current line in buf (CRLF not kept) */
     size_t total;     /* octets of the current reply so far, CRLFs included */
-    size_t max_total; /* longest reply, all lines */
-    unsigned code;    /* the reply's code, from its first line; 0 before */
+    size_t max_total; /* longest reply in octets, all lines and their CRLFs */
+    unsigned code;    /* the reply's code, once its first line's three digits are in; 0 before */
     unsigned lines;   /* lines of the current reply completed */
     int state;        /* private */
 } smtpe__reply_parser;
@@ -63,20 +64,35 @@ typedef struct smtpe__reply_parser {
 void smtpe__reply_parser_start(smtpe__reply_parser *p);
 
 /* Consumes octets of in[0..n) until a line completes or an error is found, or the input runs
- * out; sets *used and returns SMTPE__RP_*. After LINE the next call begins the next line of
- * the same reply; after DONE the caller calls smtpe__reply_parser_start before the next reply.
- * After an error the parser must not be fed again (until restarted). Split invariant: any
- * split of the same octets gives the same results. *used counts the octet that caused an
- * error. */
+ * out; sets *used and returns SMTPE__RP_*. LINE and DONE consume exactly through the line's
+ * LF, never further (what follows is the next line, the next reply, or octets the caller must
+ * judge). After LINE the next call empties buf and begins the next line of the same reply;
+ * after DONE the caller calls smtpe__reply_parser_start before the next reply (a call without
+ * it starts the next reply all the same). Split invariant: any split of the same octets gives
+ * the same results, *used adding up to the same offsets, and the same buf at each LINE/DONE.
+ *
+ * Each octet is decided as it arrives, in this order: after a CR anything but LF is BARE; a
+ * LF not after a CR is BARE; a CR before the three digits is SYNTAX ("25" CRLF); a NUL, a
+ * digit out of range, or an octet after the digits other than SP, '-' or CR is SYNTAX; a digit
+ * that differs from the first line's is MISMATCH (on the first differing digit); the cap+1-th
+ * octet of a line (CR and LF do not count) is LONG_LINE; the octet that would make total pass
+ * max_total (CR and LF count) is TOO_BIG. So an endless line ends at cap+1 octets and a reply
+ * of endless short lines at max_total + 1.
+ *
+ * An error sticks: p must not be fed again until restarted, and a call returns the same error
+ * with *used 0. *used counts the octet that caused an error. n may be 0 (then MORE). Never
+ * reads in[] past n nor writes buf past cap. */
 int smtpe__reply_feed(smtpe__reply_parser *p, const uint8_t *in, size_t n, size_t *used);
 
-/* The text of the line in p->buf (after "ddd-" or "ddd "; empty for "ddd"). */
+/* The text of the line in p->buf (after "ddd-" or "ddd "; empty for "ddd"): a span into
+ * p->buf, valid until the next smtpe__reply_feed or smtpe__reply_parser_start. */
 smtpe_span smtpe__reply_text(const smtpe__reply_parser *p);
 
 /* Splits an enhanced status code off the start of text (RFC 2034 §4: "class.subject.detail"
  * followed by SP or the end of the text): if it is one (smtpe__enhanced_valid's syntax) and its
- * class is code's first digit, sets *enhanced to it and *rest to the text after it and the SP,
- * and returns 1; else *enhanced is empty, *rest is text, and it returns 0. */
+ * class is code's first digit, sets *enhanced to it and *rest to the text after it and the SP
+ * (one SP; a second is part of rest), and returns 1; else *enhanced is empty (text.ptr, 0),
+ * *rest is text, and it returns 0. Reads only text.ptr[0..text.len); the spans point into it. */
 int smtpe__enhanced_split(smtpe_span text, unsigned code, smtpe_span *enhanced,
                           smtpe_span *rest);
 
