@@ -108,6 +108,7 @@ max_len() {
     fuzz_data) echo 4096 ;;
     fuzz_bdat) echo 2048 ;;
     fuzz_reply) echo 2200 ;;
+    fuzz_reply_parse) echo 4096 ;;
     fuzz_command) echo 2048 ;;
     *) echo 600 ;;
     esac
