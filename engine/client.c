@@ -202,6 +202,7 @@ static void config_defaults(smtpe_client_config *cfg)
     cfg->helo_name = "localhost";
     cfg->tls = SMTPE_TLS_NONE;
     cfg->chunking = 1;
+    cfg->pipelining = 1;
     cfg->line_ending = SMTPE_LINE_ENDING_NORMALISE;
     cfg->max_reply_line = 2048;
     cfg->max_reply_size = 65536;
@@ -1486,7 +1487,7 @@ static void txn_start(smtpe_client *c)
 
 static int pipelining(const smtpe_client *c)
 {
-    return (c->caps.extensions & SMTPE_EXT_PIPELINING) != 0;
+    return c->cfg.pipelining && (c->caps.extensions & SMTPE_EXT_PIPELINING) != 0;
 }
 
 static int tx_queue(smtpe_client *c, int kind, uint32_t arg, const uint8_t *line, size_t len)

@@ -885,6 +885,9 @@ typedef struct smtpe_client_config {
      * (back-pressure: smtpe_client_content consumes only what fits). Range 4096..16777216.
      * Default 16384. */
     size_t output_buffer_size;
+    /* Use PIPELINING (RFC 2920) when the server offers it. Default 1; 0 sends one command per
+     * reply whatever the server offers. */
+    int pipelining;
     /* PIPELINING (RFC 2920): most command octets sent and not yet answered; the engine waits
      * for replies before queueing more, so that a server that answers each command as it
      * reads cannot fill both directions at once. Range 512..1048576. Default 4096. */
