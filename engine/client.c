@@ -138,6 +138,7 @@ struct smtpe_client {
     unsigned auth_step;
     int auth_owed;       /* the host owes an AUTH_STEP response */
     size_t auth_chal;    /* where the decoded challenge starts in line[] */
+    size_t auth_chal_len;
     int auth_step_ready; /* an AUTH_STEP event is due once the output is out */
     size_t auth_ir_len;  /* the initial response's base64 length (0: none fits) */
 
@@ -1264,8 +1265,7 @@ static int queue_auth(smtpe_client *c)
         c->auth_state = AUTH_OTHER;
         c->auth_step = 0;
         c->auth_step_ready = 1;
-        c->line[0] = 0;
-        c->rp.len = 0;
+        c->auth_chal = c->auth_chal_len = 0;
         return 1;
     }
     w_str(&w, "AUTH ");
@@ -1335,8 +1335,8 @@ static void auth_challenge(smtpe_client *c, smtpe_span text)
             protocol_error(c, "a 334 challenge that is not base64");
             return;
         }
-        c->rp.len = (size_t)(m - c->line) + n; /* the challenge: line[m .. m + n) */
-        c->auth_chal = (size_t)(m - c->line);
+        c->auth_chal = (size_t)(m - c->line); /* the challenge: line[chal .. chal + n) */
+        c->auth_chal_len = n;
         c->auth_step++;
         c->auth_step_ready = 1;
         return;
@@ -2103,7 +2103,7 @@ static void advance(smtpe_client *c)
         e->ev.type = SMTPE_CEV_AUTH_STEP;
         e->ev.auth_step.step = c->auth_step;
         e->ev.auth_step.challenge.ptr = c->line + c->auth_chal;
-        e->ev.auth_step.challenge.len = c->auth_step ? c->rp.len - c->auth_chal : 0;
+        e->ev.auth_step.challenge.len = c->auth_step ? c->auth_chal_len : 0;
         c->auth_step_ready = 0;
         c->auth_owed = 1;
     }

@@ -406,6 +406,30 @@ static void test_xoauth2_error(void **st)
     run3(sc_xoauth2);
 }
 
+static void sc_host_mechanism(ch *h)
+{
+    h->cfg.auth_mechanism = "CRAM-MD5";
+    h->cfg.auth_plaintext_ok = 1;
+    h->auth_steps[0] = NULL;             /* no initial response */
+    h->auth_steps[1] = "user 0123abcd"; /* the answer to the challenge */
+    open_ok(h);
+    ch_server(h, GREET);
+    ch_server(h, "250-mx\r\n250 AUTH CRAM-MD5 PLAIN\r\n");
+    OUT(h, EHLO "AUTH CRAM-MD5\r\n");
+    LOG(h, "AUTH_STEP 0 \n");
+    ch_server(h, "334 PDEyMzQ1QGV4YW1wbGU+\r\n"); /* "<12345@example>" */
+    LOG(h, "AUTH_STEP 1 <12345@example>\n");
+    OUT(h, "dXNlciAwMTIzYWJjZA==\r\n");
+    ch_server(h, "235 2.7.0 ok\r\n");
+    LOG(h, "READY ext=0 size=0 auth=CRAM-MD5 PLAIN tls=0 auth_ok=1\n");
+}
+
+static void test_host_mechanism(void **st)
+{
+    (void)st;
+    run3(sc_host_mechanism);
+}
+
 /* ---- Q10, Q11, Q12, Q13, Q14 ---------------------------------------------------------------- */
 
 static const uint8_t SMUGGLE[] = "a\n.\r\nMAIL FROM:<x@evil>\r\nb\r.\r\nc\r\n.\r\n.d";
@@ -680,6 +704,7 @@ int main(void)
         cmocka_unit_test(test_q09_initial_response_too_long),
         cmocka_unit_test(test_auth_needs_tls),
         cmocka_unit_test(test_xoauth2_error),
+        cmocka_unit_test(test_host_mechanism),
         cmocka_unit_test(test_q10_smuggling),
         cmocka_unit_test(test_q11_bad_arguments),
         cmocka_unit_test(test_q12_xtext),
