@@ -1,7 +1,8 @@
-/* data.c - DATA content: end-of-data detection and dot-unstuffing.
+/* data.c - message content. Server side: DATA end-of-data detection and dot-unstuffing, BDAT
+ * line-ending policy. Client side (at the end of the file): the content scanner and encoder.
  * RFC 5321 §4.1.1.4 (the end is CRLF "." CRLF), §4.5.2 (transparency), §2.3.8 (bare CR/LF).
  *
- * The scanner keeps its position within a line in d->state and hands content out as spans of
+ * The server's scanner keeps its position within a line in d->state and hands content out as spans of
  * the input, so a message is never copied. A dot at the start of a line is held back (it is
  * either dropped or part of the terminator), which is why a span ends there. A bare LF or CR
  * never starts a line, so no sequence but CR LF . CR LF can end the content. */
@@ -163,23 +164,40 @@ static uint64_t zero_octets(uint64_t v)
     return (v - ONES) & ~v & HIGHS;
 }
 
-/* The length of the run at p[0..n) of octets other than CR, LF and NUL, eight at a time where
- * it can; the octets are ORed into *high (for SMTPE_DATA_HAS_8BIT). */
 #if defined(__GNUC__)
 #define HOT_INLINE inline __attribute__((always_inline))
 #else
 #define HOT_INLINE inline
 #endif
 
-/* Inlined into both scanners: as a call it costs DATA about 7% (measured). */
-static HOT_INLINE size_t plain_run(const uint8_t *p, size_t n, uint64_t *high)
+/* The one notion of a plain octet, for the server's scanners and the client's content scanner
+ * and encoder alike: one that is neither CR nor LF (which make line breaks, RFC 5321 §2.3.8)
+ * nor NUL, nor, when stop8 is set, above 127. stop_octets flags (high bit) the octets of v, a
+ * word of eight octets in memory order, that are not plain; it is nonzero exactly when one is
+ * not, and its lowest set bit is exact. */
+static HOT_INLINE int plain_octet(uint8_t c, int stop8)
+{
+    return c != '\r' && c != '\n' && c != 0 && !(stop8 && c >= 0x80);
+}
+
+static HOT_INLINE uint64_t stop_octets(uint64_t v, int stop8)
+{
+    uint64_t m = zero_octets(v) | zero_octets(v ^ (ONES * '\r')) | zero_octets(v ^ (ONES * '\n'));
+    return stop8 ? m | (v & HIGHS) : m;
+}
+
+/* The length of the run at p[0..n) of plain octets, eight at a time where it can; the octets
+ * are ORed into *high (for SMTPE_DATA_HAS_8BIT, SMTPE_CONTENT_8BIT). stop8 is a constant at
+ * every call, so each inlined copy keeps only its own test.
+ * Inlined into every scanner: as a call it costs DATA about 7% (measured). */
+static HOT_INLINE size_t plain_run(const uint8_t *p, size_t n, uint64_t *high, int stop8)
 {
     uint64_t h = 0; /* a local, not *high: octet stores through p could alias it */
     size_t j = 0;
     while (n - j >= 8) {
         uint64_t v, m;
         memcpy(&v, p + j, 8);
-        m = zero_octets(v) | zero_octets(v ^ (ONES * '\r')) | zero_octets(v ^ (ONES * '\n'));
+        m = stop_octets(v, stop8);
         if (m) {
 #if defined(__GNUC__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
             /* the lowest flagged octet is exact: skip the plain octets before it */
@@ -193,7 +211,7 @@ static HOT_INLINE size_t plain_run(const uint8_t *p, size_t n, uint64_t *high)
         h |= v;
         j += 8;
     }
-    while (j < n && p[j] != '\r' && p[j] != '\n' && p[j] != 0)
+    while (j < n && plain_octet(p[j], stop8))
         h |= p[j++];
     *high |= h;
     return j;
@@ -210,7 +228,7 @@ static size_t content_run(smtpe__data *d, const uint8_t *p, size_t n)
     int bol = 0;
     for (;;) {
         size_t start = j;
-        j += plain_run(p + j, n - j, &high);
+        j += plain_run(p + j, n - j, &high, 0);
         if (j > start)
             bol = 0;
         if (n - j < 3 || p[j] != '\r' || p[j + 1] != '\n' || p[j + 2] == '.')
@@ -332,7 +350,7 @@ size_t smtpe__bdat_feed(smtpe__data *d, const uint8_t *p, size_t n, smtpe_span *
         i = 1; /* its LF is content */
     }
     for (;;) { /* plain octets and CR LF pairs */
-        i += plain_run(p + i, n - i, &high);
+        i += plain_run(p + i, n - i, &high, 0);
         if (n - i < 2 || p[i] != '\r' || p[i + 1] != '\n')
             break;
         i += 2;
@@ -373,4 +391,366 @@ void smtpe__bdat_end(smtpe__data *d, smtpe_span *chunk)
         out_span(chunk, crlf + 1, account(d, 1));
     }
     d->state = DS_MID;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Client side: the content scanner (smtpe_content_scan) and the content encoder
+ * (smtpe__stuff_*). RFC 5321 §2.3.8 (lines), §4.5.2 (transparency), §4.5.3.1.6 (line length);
+ * RFC 5322 §2.1.1; RFC 1870 §3 (SIZE); RFC 3030 (BDAT, BINARYMIME).
+ *
+ * Both follow the same line rules, written once here:
+ *   - a CR followed by an LF is a line break (CRLF);
+ *   - a CR followed by anything else, or ending the content, is a bare CR; an LF not preceded
+ *     by a CR is a bare LF; on the wire each is a line break, written CRLF (NORMALISE), or the
+ *     content is refused; so a CR is a line break whatever follows it, and only the octet after
+ *     it (or the end) says which kind, which is why a CR is held until then;
+ *   - a line's length counts its octets other than its line break (no doubled dot either:
+ *     that is wire framing, §4.5.3.1.6); a line over 998 octets is a long line;
+ *   - NUL and octets above 127 are text like any other octet, only noticed (or refused).
+ * ---------------------------------------------------------------------------------------- */
+
+#define LINE_TEXT_MAX 998 /* octets of a line, its CRLF excluded (RFC 5322 §2.1.1) */
+
+/* The length of a line of len octets after k more: counted up to LINE_TEXT_MAX + 1 only, as
+ * all that matters is whether the line went over (so a 4 GiB line cannot wrap it). */
+static uint32_t line_grow(uint32_t len, size_t k)
+{
+    return k > LINE_TEXT_MAX + 1 - (size_t)len ? LINE_TEXT_MAX + 1 : len + (uint32_t)k;
+}
+
+/* The SMTPE_CONTENT_* flags the plain octet c shows as the next octet of a line of len
+ * octets: NUL, 8BIT, and LONG_LINE when it is the line's 999th octet or later. */
+static unsigned text_flags(uint8_t c, uint32_t len)
+{
+    unsigned f = len >= LINE_TEXT_MAX ? SMTPE_CONTENT_LONG_LINE : 0;
+    if (c == 0)
+        f |= SMTPE_CONTENT_NUL;
+    if (c >= 0x80)
+        f |= SMTPE_CONTENT_8BIT;
+    return f;
+}
+
+/* What the octet c is by the line rules, cr_held saying whether the octet before it was a CR
+ * (whose kind c decides). The held CR was bare exactly when the answer is not OCT_CRLF. */
+enum {
+    OCT_TEXT,   /* anything but CR and LF */
+    OCT_CR,     /* a CR: a line break whose kind the next octet (or the end) decides */
+    OCT_CRLF,   /* the LF of a CRLF */
+    OCT_BARE_LF /* an LF after anything but a CR */
+};
+
+static int octet_kind(int cr_held, uint8_t c)
+{
+    if (c == '\n')
+        return cr_held ? OCT_CRLF : OCT_BARE_LF;
+    return c == '\r' ? OCT_CR : OCT_TEXT;
+}
+
+/* smtpe_content_info.state: bits */
+#define SCAN_CR 1    /* the last octet was a CR, its kind not yet known */
+#define SCAN_BREAK 2 /* the content so far ends with a line break */
+
+void smtpe_content_scan_init(smtpe_content_info *info)
+{
+    if (info)
+        memset(info, 0, sizeof *info);
+}
+
+/* The scan of p[0..n) into *info, for smtpe_content_scan and the encoder's BINARY mode. A CR
+ * counts its 2 wire octets when it comes (bare or not, it is a CRLF on the wire under
+ * NORMALISE); the LF of a CRLF then counts none. */
+static void scan_octets(smtpe_content_info *info, const uint8_t *p, size_t n)
+{
+    uint64_t wire = info->wire_size, high = 0;
+    unsigned flags = info->flags;
+    uint32_t len = info->line_len;
+    int state = info->state;
+    size_t i = 0;
+    while (i < n) {
+        if (!(state & SCAN_CR)) {
+            size_t k = plain_run(p + i, n - i, &high, 0);
+            if (k > 0) {
+                len = line_grow(len, k);
+                if (len > LINE_TEXT_MAX)
+                    flags |= SMTPE_CONTENT_LONG_LINE;
+                wire += k;
+                i += k;
+                state = 0;
+                continue;
+            }
+        }
+        uint8_t c = p[i++];
+        int kind = octet_kind(state & SCAN_CR, c);
+        if ((state & SCAN_CR) && kind != OCT_CRLF)
+            flags |= SMTPE_CONTENT_BARE_CR; /* its CRLF was counted with it */
+        if (kind == OCT_TEXT) {
+            flags |= text_flags(c, len);
+            len = line_grow(len, 1);
+            wire++;
+            state = 0;
+        } else if (kind == OCT_CRLF) {
+            state = SCAN_BREAK;
+        } else {
+            flags |= kind == OCT_BARE_LF ? SMTPE_CONTENT_BARE_LF : 0;
+            wire += 2;
+            len = 0;
+            state = kind == OCT_CR ? SCAN_CR : SCAN_BREAK;
+        }
+    }
+    if (high & HIGHS)
+        flags |= SMTPE_CONTENT_8BIT;
+    info->size += n;
+    info->wire_size = wire;
+    info->flags = flags;
+    info->line_len = len;
+    info->state = state;
+}
+
+void smtpe_content_scan(smtpe_content_info *info, const uint8_t *p, size_t n)
+{
+    if (info && (p || n == 0))
+        scan_octets(info, p, n);
+}
+
+void smtpe_content_scan_end(smtpe_content_info *info)
+{
+    if (!info)
+        return;
+    if (info->state & SCAN_CR) {
+        info->flags |= SMTPE_CONTENT_BARE_CR;
+        info->state = SCAN_BREAK;
+    }
+    if (info->size > 0 && !(info->state & SCAN_BREAK)) {
+        info->wire_size += 2; /* the final CRLF the encoder adds */
+        info->state = SCAN_BREAK;
+    }
+}
+
+void smtpe__stuff_start(smtpe__stuffer *st, int mode, smtpe_line_ending_policy policy,
+                        unsigned refuse_mask)
+{
+    memset(st, 0, sizeof *st);
+    st->mode = mode;
+    st->policy = policy;
+    if (mode == SMTPE__STUFF_BINARY)
+        refuse_mask = 0;
+    else if (policy == SMTPE_LINE_ENDING_REFUSE)
+        refuse_mask |= SMTPE_CONTENT_BARE_CR | SMTPE_CONTENT_BARE_LF;
+    st->refuse_mask = refuse_mask;
+    st->at_line_start = 1;
+}
+
+/* Stops the encoding at an octet that shows the flags f, some of them refused (the lowest of
+ * those is reported). */
+static void stuff_refuse(smtpe__stuffer *st, unsigned f)
+{
+    unsigned r = f & st->refuse_mask;
+    st->seen |= f;
+    st->refused = r & (~r + 1u);
+}
+
+/* A line break is written: the next octet starts a line. */
+static void stuff_break(smtpe__stuffer *st, uint8_t *out)
+{
+    out[0] = '\r';
+    out[1] = '\n';
+    st->line_len = 0;
+    st->at_line_start = 1;
+    st->ended_crlf = 1;
+}
+
+/* BINARY: p[0..n) verbatim, as much as fits; seen kept by the scanner's rules (pending_cr then
+ * means the last octet was a CR, already written). */
+static size_t stuff_binary(smtpe__stuffer *st, const uint8_t *p, size_t n, uint8_t *out,
+                           size_t cap, size_t *written)
+{
+    size_t k = n < cap ? n : cap;
+    if (k > 0) {
+        smtpe_content_info info;
+        memcpy(out, p, k);
+        info.size = 0;
+        info.wire_size = 0;
+        info.flags = st->seen;
+        info.line_len = st->line_len;
+        info.state = (st->pending_cr ? SCAN_CR : 0) | (st->ended_crlf ? SCAN_BREAK : 0);
+        scan_octets(&info, p, k);
+        st->seen = info.flags;
+        st->line_len = info.line_len;
+        st->pending_cr = !!(info.state & SCAN_CR);
+        st->ended_crlf = !!(info.state & SCAN_BREAK);
+        st->in_octets += k;
+        st->out_octets += k;
+    }
+    *written = k;
+    return k;
+}
+
+/* The octet after a held CR, when it is not an LF: the CR was bare. Writes its CRLF into
+ * out[0..room) and returns 2, or returns 0 (refused, or no room: nothing changed). */
+static size_t stuff_bare_cr(smtpe__stuffer *st, uint8_t *out, size_t room)
+{
+    if (st->refuse_mask & SMTPE_CONTENT_BARE_CR) {
+        stuff_refuse(st, SMTPE_CONTENT_BARE_CR);
+        return 0;
+    }
+    if (room < 2)
+        return 0;
+    st->seen |= SMTPE_CONTENT_BARE_CR;
+    st->pending_cr = 0;
+    stuff_break(st, out);
+    return 2;
+}
+
+/* One octet c (no CR held) that the fast path did not take, p[0..n) being c and what follows
+ * it in this piece. Writes its output into out[0..room); *used gets the octets consumed (2 for
+ * a CRLF taken whole, 1 otherwise). Returns the octets written, or -1 when c is refused or
+ * its output does not fit (*used 0, nothing changed but st->refused and st->seen). */
+static int stuff_octet(smtpe__stuffer *st, const uint8_t *p, size_t n, uint8_t *out,
+                       size_t room, size_t *used)
+{
+    uint8_t c = p[0];
+    *used = 0;
+    switch (octet_kind(0, c)) {
+    case OCT_CR:
+        if (n >= 2 && p[1] == '\n' && room >= 2) { /* CR then LF in one go */
+            stuff_break(st, out);
+            *used = 2;
+            return 2;
+        }
+        st->pending_cr = 1; /* held, written by whatever settles it */
+        *used = 1;
+        return 0;
+    case OCT_BARE_LF:
+        if (st->refuse_mask & SMTPE_CONTENT_BARE_LF) {
+            stuff_refuse(st, SMTPE_CONTENT_BARE_LF);
+            return -1;
+        }
+        if (room < 2)
+            return -1;
+        st->seen |= SMTPE_CONTENT_BARE_LF;
+        stuff_break(st, out);
+        *used = 1;
+        return 2;
+    default: {
+        unsigned f = text_flags(c, st->line_len);
+        int dot = st->mode == SMTPE__STUFF_DATA && st->at_line_start && c == '.';
+        if (f & st->refuse_mask) {
+            stuff_refuse(st, f);
+            return -1;
+        }
+        if (room < (size_t)(1 + dot))
+            return -1;
+        st->seen |= f;
+        out[0] = '.'; /* §4.5.2: a line-start dot is doubled (overwritten when not a dot) */
+        out[dot] = c;
+        st->line_len = line_grow(st->line_len, 1);
+        st->at_line_start = 0;
+        st->ended_crlf = 0;
+        *used = 1;
+        return 1 + dot;
+    }
+    }
+}
+
+/* The fast path: the run at p[0..n) of plain octets (not above 127 either when 8BIT is
+ * refused; no longer than the current line may grow when LONG_LINE is refused; no more than
+ * room), copied to out. Returns its length; the caller has checked that no CR is held and
+ * that p[0] is not a line-start dot under DATA. */
+static size_t stuff_run(smtpe__stuffer *st, const uint8_t *p, size_t n, uint8_t *out,
+                        size_t room)
+{
+    uint64_t high = 0;
+    size_t k, lim = n < room ? n : room;
+    if ((st->refuse_mask & SMTPE_CONTENT_LONG_LINE) && lim > LINE_TEXT_MAX - st->line_len)
+        lim = LINE_TEXT_MAX - st->line_len; /* line_len <= 998 here: the 999th was refused */
+    if (st->refuse_mask & SMTPE_CONTENT_8BIT)
+        k = plain_run(p, lim, &high, 1);
+    else
+        k = plain_run(p, lim, &high, 0);
+    if (k == 0)
+        return 0;
+    memcpy(out, p, k);
+    if (high & HIGHS)
+        st->seen |= SMTPE_CONTENT_8BIT;
+    st->line_len = line_grow(st->line_len, k);
+    if (st->line_len > LINE_TEXT_MAX)
+        st->seen |= SMTPE_CONTENT_LONG_LINE;
+    st->at_line_start = 0;
+    st->ended_crlf = 0;
+    return k;
+}
+
+size_t smtpe__stuff_encode(smtpe__stuffer *st, const uint8_t *p, size_t n, uint8_t *out,
+                           size_t cap, size_t *written)
+{
+    size_t i = 0, o = 0;
+    *written = 0;
+    if (st->refused || n == 0)
+        return 0;
+    if (st->mode == SMTPE__STUFF_BINARY)
+        return stuff_binary(st, p, n, out, cap, written);
+    while (i < n) {
+        size_t used, k;
+        int w;
+        if (st->pending_cr) { /* p[i] settles the held CR */
+            if (p[i] == '\n') {
+                if (cap - o < 2)
+                    break;
+                st->pending_cr = 0;
+                stuff_break(st, out + o);
+                o += 2;
+                i++;
+                continue;
+            }
+            k = stuff_bare_cr(st, out + o, cap - o);
+            if (k == 0)
+                break;
+            o += k; /* and p[i] is encoded as the first octet of a line */
+        }
+        if (!(st->at_line_start && st->mode == SMTPE__STUFF_DATA && p[i] == '.')) {
+            k = stuff_run(st, p + i, n - i, out + o, cap - o);
+            if (k > 0) {
+                i += k;
+                o += k;
+                continue;
+            }
+        }
+        w = stuff_octet(st, p + i, n - i, out + o, cap - o, &used);
+        if (w < 0)
+            break;
+        i += used;
+        o += (size_t)w;
+    }
+    st->in_octets += i;
+    st->out_octets += o;
+    *written = o;
+    return i;
+}
+
+size_t smtpe__stuff_finish(smtpe__stuffer *st, uint8_t *out)
+{
+    size_t o = 0;
+    if (st->refused)
+        return 0;
+    if (st->mode == SMTPE__STUFF_BINARY) {
+        if (st->pending_cr) /* by the scanner's rules; it went out verbatim */
+            st->seen |= SMTPE_CONTENT_BARE_CR;
+        st->pending_cr = 0;
+        return 0;
+    }
+    if (st->pending_cr) { /* the content ends with a CR: it was bare */
+        if (stuff_bare_cr(st, out, SMTPE__STUFF_FINISH_MAX) == 0)
+            return 0; /* refused */
+        o = 2;
+    }
+    if (st->in_octets > 0 && !st->ended_crlf) {
+        stuff_break(st, out + o); /* RFC 5321 §4.1.1.4: the content ends with CRLF */
+        o += 2;
+    }
+    if (st->mode == SMTPE__STUFF_DATA) {
+        memcpy(out + o, ".\r\n", 3); /* the end of data, after the last line's CRLF */
+        o += 3;
+    }
+    st->out_octets += o;
+    return o;
 }

@@ -1,5 +1,7 @@
-/* data.h - DATA content: end-of-data detection and dot-unstuffing (private to the engine).
- * RFC 5321 §4.1.1.4 and §4.5.2. Only CR LF . CR LF ends the content, whatever the policy. */
+/* data.h - message content (private to the engine). Server side: end-of-data detection and
+ * dot-unstuffing, RFC 5321 §4.1.1.4 and §4.5.2 (only CR LF . CR LF ends the content, whatever
+ * the policy), and BDAT (RFC 3030). Client side: the content encoder (dot-stuffing, line ends).
+ * The public content scanner (smtpe_content_scan, smtpe.h) is in data.c too. */
 #ifndef SMTPE_DATA_H
 #define SMTPE_DATA_H
 #include "smtpe.h"
@@ -45,21 +47,27 @@ void smtpe__bdat_end(smtpe__data *d, smtpe_span *chunk);
 /* ---- Content encoding (client side). RFC 5321 §4.5.2 (transparency), §2.3.8 (lines),
  * RFC 3030 (BDAT, BINARYMIME). ----
  * The encoder turns submitted content into wire octets: under DATA every line-start dot is
- * doubled; outside BINARYMIME each bare CR and bare LF becomes CRLF (NORMALISE) or stops the
- * encoding (REFUSE), so that no CR or LF ever reaches the wire except as CRLF; a CR at the end
- * of a piece is held until the next octet decides it. Conditions in refuse_mask
- * (SMTPE_CONTENT_*) stop the encoding at the octet that shows them. */
+ * doubled (a line starts at the start of the content and after every line break written);
+ * outside BINARYMIME each bare CR and bare LF becomes CRLF (NORMALISE) or stops the encoding
+ * (REFUSE), so that no CR or LF ever reaches the wire except as CRLF; a CR is consumed and
+ * held until the next octet (or the end) decides it: with an LF it is a CRLF, else a bare CR
+ * (so CR CR LF is a bare CR, then a CRLF). Conditions in refuse_mask (SMTPE_CONTENT_*) stop
+ * the encoding at the octet that shows them. The line rules (what is a bare CR, a bare LF, a
+ * line over 998 octets) are those of smtpe_content_scan, which shares them. */
 typedef struct smtpe__stuffer {
     int mode;             /* SMTPE__STUFF_* */
     smtpe_line_ending_policy policy;
     unsigned refuse_mask; /* SMTPE_CONTENT_* that stop the encoding */
-    unsigned seen;        /* SMTPE_CONTENT_* found so far (8BIT also when not refused) */
+    unsigned seen;        /* SMTPE_CONTENT_* found so far, refused or not (8BIT also when not
+                             refused; the refused octet's flags too) */
     unsigned refused;     /* the SMTPE_CONTENT_* flag that stopped it, 0 while going */
     uint64_t in_octets;   /* content octets consumed */
     uint64_t out_octets;  /* wire octets written (dots and CRLFs included) */
-    uint32_t line_len;    /* octets of the current line so far (for LONG_LINE) */
+    uint32_t line_len;    /* octets of the current line so far (for LONG_LINE), its line break
+                             and doubled dot excluded; counted up to 999 only */
     int at_line_start;    /* the next octet starts a line */
-    int pending_cr;       /* a CR was consumed and not yet written */
+    int pending_cr;       /* a CR was consumed and not yet written (BINARY: the last octet was
+                             a CR, written; for seen) */
     int ended_crlf;       /* the content so far ends with a line break */
 } smtpe__stuffer;
 
@@ -67,24 +75,40 @@ typedef struct smtpe__stuffer {
 #define SMTPE__STUFF_BDAT 1   /* BDAT, text: line-end policy, no dots */
 #define SMTPE__STUFF_BINARY 2 /* BDAT with BODY=BINARYMIME: verbatim */
 
-/* Starts the encoding of one message's content. Under SMTPE__STUFF_BINARY policy and
- * refuse_mask are ignored (nothing is refused or changed). */
+/* Starts the encoding of one message's content. policy SMTPE_LINE_ENDING_REFUSE adds
+ * SMTPE_CONTENT_BARE_CR | SMTPE_CONTENT_BARE_LF to refuse_mask; any other policy normalises
+ * (KEEP too: nothing bare ever reaches the wire), unless refuse_mask itself holds one of
+ * them. Under SMTPE__STUFF_BINARY policy and refuse_mask are ignored (nothing is refused or
+ * changed; seen is still kept). */
 void smtpe__stuff_start(smtpe__stuffer *st, int mode, smtpe_line_ending_policy policy,
                         unsigned refuse_mask);
 
 /* Encodes octets of p[0..n) into out[0..cap) and returns the input octets consumed; *written
- * gets the output octets. It stops when the next octet's output would not fit (an octet
- * yields at most 3: a held CR's CRLF and a doubled dot) or at a refused octet (st->refused set;
- * that octet is not consumed). Concatenating the outputs of any split of the same content
- * gives the same octets. */
+ * gets the output octets (never more than cap). Octet by octet, each in turn:
+ *   - the octet after a held CR first settles it: an LF makes it a CRLF (2 octets, the LF
+ *     consumed); anything else makes it a bare CR, whose CRLF (2 octets) is written, or which
+ *     is refused (st->refused = SMTPE_CONTENT_BARE_CR; the CR was consumed, the octet after
+ *     it is not); then that octet is encoded as below, at the start of a line;
+ *   - a CR is consumed and held, writing nothing (so even with cap 0);
+ *   - a bare LF gives CRLF (2) or is refused; a line-start "." under DATA gives ".." (2);
+ *     any other octet itself (1), unless refused (refuse_mask: NUL, 8BIT, LONG_LINE for the
+ *     999th octet of a line; st->refused gets the lowest flag the octet shows).
+ * It stops before an octet whose output does not fit, and at a refused octet (not
+ * consumed). So written > 0 with 0 consumed happens only when a held CR turned out bare and
+ * the octet after it does not fit; with cap >= 4 an unrefused call with n > 0 consumes. Once
+ * refused, nothing more is consumed or written. Concatenating the outputs of any split of the
+ * same content, and of any caps, gives the same octets, and the same refusal at the same
+ * total of consumed octets. BINARY: as much of p as fits, verbatim. */
 size_t smtpe__stuff_encode(smtpe__stuffer *st, const uint8_t *p, size_t n, uint8_t *out,
                            size_t cap, size_t *written);
 
-/* The content has ended: writes a held CR's line break (NORMALISE; under REFUSE a held CR is
- * bare: st->refused = SMTPE_CONTENT_BARE_CR and nothing is written), then the final CRLF if
- * the content is not empty and does not end with a line break (not for BINARY; an empty
- * content gets none), then under DATA the end of data ".\r\n". out has at least
- * SMTPE__STUFF_FINISH_MAX octets. Returns the octets written. */
+/* The content has ended (call once): writes a held CR's line break (NORMALISE; under REFUSE a
+ * held CR is bare: st->refused = SMTPE_CONTENT_BARE_CR and nothing is written), then the final
+ * CRLF if the content is not empty and does not end with a line break (not for BINARY; an
+ * empty content gets none), then under DATA the end of data ".\r\n" (so empty content gives
+ * just ".\r\n": the DATA command's CRLF ends the line before it; "abc" gives
+ * "abc\r\n.\r\n"). After a refusal it writes nothing. out has at least
+ * SMTPE__STUFF_FINISH_MAX octets. Returns the octets written (at most 5). */
 #define SMTPE__STUFF_FINISH_MAX 7
 size_t smtpe__stuff_finish(smtpe__stuffer *st, uint8_t *out);
 

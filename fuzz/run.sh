@@ -106,6 +106,7 @@ max_len() {
     case $1 in
     fuzz_session) echo 4096 ;;
     fuzz_data) echo 4096 ;;
+    fuzz_stuff) echo 4096 ;;
     fuzz_bdat) echo 2048 ;;
     fuzz_reply) echo 2200 ;;
     fuzz_reply_parse) echo 4096 ;;
