@@ -6,13 +6,18 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #define NET_BACKLOG 65535 /* the kernel caps it at net.core.somaxconn (4096 on Debian 12) */
@@ -320,4 +325,169 @@ int net_cidr_match_sa(const struct net_cidr *ranges, size_t n, const struct sock
         return net_cidr_match(ranges, n, AF_INET6,
                               ((const struct sockaddr_in6 *)sa)->sin6_addr.s6_addr);
     return 0;
+}
+
+int net_parse_target(const char *text, struct net_target *t, char *err, size_t errlen)
+{
+    struct sockaddr_un un;
+    size_t n;
+
+    memset(t, 0, sizeof *t);
+    if (strncmp(text, NET_UNIX_PREFIX, strlen(NET_UNIX_PREFIX)) == 0) {
+        text += strlen(NET_UNIX_PREFIX);
+        n = strlen(text);
+        if (n == 0 || n >= sizeof un.sun_path) {
+            snprintf(err, errlen, "bad unix socket path '%s' (1-%zu characters)", text,
+                     sizeof un.sun_path - 1);
+            return -1;
+        }
+        memcpy(t->host, text, n + 1);
+        t->is_unix = 1;
+        return 0;
+    }
+    if (split_hostport(text, t->host, sizeof t->host, &t->port) < 0 || t->port == 0) {
+        snprintf(err, errlen, "bad server '%s' (want HOST:PORT, [IPV6]:PORT or unix:PATH, "
+                              "PORT 1-65535)", text);
+        return -1;
+    }
+    return 0;
+}
+
+/* CLOCK_MONOTONIC in milliseconds. */
+static uint64_t net_now_ms(void)
+{
+    struct timespec ts;
+
+    if (clock_gettime(CLOCK_MONOTONIC, &ts) < 0)
+        return 0;
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* Waits until the non-blocking connect on fd is done or the deadline (ms, UINT64_MAX: none)
+ * passes. Returns 0, or -1 with errno set (ETIMEDOUT at the deadline). */
+static int connect_wait(int fd, uint64_t deadline)
+{
+    struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+    int soerr = 0, rc, wait;
+    socklen_t sl = sizeof soerr;
+
+    for (;;) {
+        wait = -1;
+        if (deadline != UINT64_MAX) {
+            uint64_t now = net_now_ms();
+            if (now >= deadline) {
+                errno = ETIMEDOUT;
+                return -1;
+            }
+            wait = deadline - now > INT_MAX ? INT_MAX : (int)(deadline - now);
+        }
+        rc = poll(&pfd, 1, wait);
+        if (rc > 0)
+            break;
+        if (rc < 0 && errno != EINTR)
+            return -1;
+    }
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) < 0)
+        return -1;
+    if (soerr != 0) {
+        errno = soerr;
+        return -1;
+    }
+    return 0;
+}
+
+/* A unix socket connected to path: a blocking connect (a non-blocking one fails with EAGAIN
+ * when the listener's backlog is full) bounded by SO_SNDTIMEO, then made non-blocking. */
+static int connect_unix(const char *path, uint64_t timeout_ms, char *err, size_t errlen)
+{
+    struct sockaddr_un un;
+    struct timeval tv = {0, 0};
+    int fd, rc;
+
+    memset(&un, 0, sizeof un);
+    un.sun_family = AF_UNIX;
+    memcpy(un.sun_path, path, strlen(path) + 1); /* net_parse_target checked the length */
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        snprintf(err, errlen, "socket: %s", strerror(errno));
+        return -1;
+    }
+    if (timeout_ms > 0) {
+        tv.tv_sec = (time_t)(timeout_ms / 1000u);
+        tv.tv_usec = (suseconds_t)(timeout_ms % 1000u * 1000u);
+        (void)setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    }
+    do
+        rc = connect(fd, (const struct sockaddr *)&un, sizeof un);
+    while (rc < 0 && errno == EINTR);
+    if (rc < 0 || fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) < 0) {
+        snprintf(err, errlen, "connect to " NET_UNIX_PREFIX "%s: %s", path,
+                 errno == EAGAIN || errno == EWOULDBLOCK ? "timed out" : strerror(errno));
+        (void)close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* One TCP connect to ai within the deadline. Returns the descriptor or -1 with errno set. */
+static int connect_tcp_one(const struct addrinfo *ai, uint64_t deadline)
+{
+    int one = 1, fd, rc, saved;
+
+    fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
+    if (rc < 0 && (errno == EINPROGRESS || errno == EINTR))
+        rc = connect_wait(fd, deadline);
+    if (rc < 0) {
+        saved = errno;
+        (void)close(fd);
+        errno = saved;
+        return -1;
+    }
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    return fd;
+}
+
+int net_connect(const struct net_target *t, uint64_t timeout_ms, char *err, size_t errlen)
+{
+    struct addrinfo hints, *res = NULL;
+    char service[8], where[NET_HOSTPORT_MAX], ip[NET_IP_MAX];
+    uint64_t deadline = timeout_ms > 0 ? net_now_ms() + timeout_ms : UINT64_MAX;
+    int rc, fd = -1;
+
+    if (t->is_unix)
+        return connect_unix(t->host, timeout_ms, err, errlen);
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    snprintf(service, sizeof service, "%u", t->port);
+    rc = getaddrinfo(t->host, service, &hints, &res);
+    if (rc != 0 || res == NULL) {
+        snprintf(err, errlen, "resolve %s: %s", t->host,
+                 rc == EAI_SYSTEM ? strerror(errno) : rc ? gai_strerror(rc) : "no address");
+        if (res)
+            freeaddrinfo(res);
+        return -1;
+    }
+    for (const struct addrinfo *ai = res; ai != NULL && fd < 0; ai = ai->ai_next) {
+        fd = connect_tcp_one(ai, deadline);
+        if (fd < 0) {
+            const char *why = errno == ETIMEDOUT ? "timed out" : strerror(errno);
+            unsigned port;
+            int v6;
+
+            net_ip_text(ai->ai_addr, ip, &port, &v6);
+            if (strcmp(ip, t->host) == 0) /* numeric: the address says nothing more */
+                snprintf(err, errlen, v6 ? "connect to [%s]:%u: %s" : "connect to %s:%u: %s",
+                         t->host, t->port, why);
+            else
+                snprintf(err, errlen, "connect to %s:%u (%s): %s", t->host, t->port,
+                         net_hostport(ai->ai_addr, where), why);
+        }
+    }
+    freeaddrinfo(res);
+    return fd;
 }

@@ -1,7 +1,8 @@
 /*
  * net.h - socket addresses and listeners for smtpe-server: parsing --listen (TCP or a unix
  * socket), opening a non-blocking listener, formatting peer addresses for logs and trace
- * headers, and address ranges (CIDR) for --xclient-from.
+ * headers, and address ranges (CIDR) for --xclient-from. For the clients (smtpe-send):
+ * parsing a server address and connecting to it, with name resolution and a time limit.
  */
 #ifndef SMTPE_HOST_NET_H
 #define SMTPE_HOST_NET_H
@@ -55,5 +56,23 @@ int net_cidr_match(const struct net_cidr *ranges, size_t n, int family, const ui
 
 /* net_cidr_match for a socket address (never true for a unix socket). */
 int net_cidr_match_sa(const struct net_cidr *ranges, size_t n, const struct sockaddr *sa);
+
+/* A server to connect to, as parsed by net_parse_target. */
+struct net_target {
+    char host[256]; /* the name or numeric address, without brackets; for unix: the path */
+    unsigned port;  /* 1..65535; 0 for a unix socket */
+    int is_unix;
+};
+
+/* Parses "HOST:PORT" (HOST a name or an IPv4 address), "[IPV6]:PORT" or "unix:PATH" into *t
+ * without resolving anything. Returns 0, or -1 with a message in err. */
+int net_parse_target(const char *text, struct net_target *t, char *err, size_t errlen);
+
+/* Connects a stream socket to t: a unix socket, or each address that HOST resolves to
+ * (getaddrinfo, in its order) until one accepts, within timeout_ms milliseconds in all (0: no
+ * limit but the kernel's). TCP sockets get TCP_NODELAY. Returns the connected descriptor,
+ * non-blocking and close-on-exec, or -1 with a message in err ("connect to HOST:PORT
+ * (ADDRESS): <reason>", the last address's reason when several failed). */
+int net_connect(const struct net_target *t, uint64_t timeout_ms, char *err, size_t errlen);
 
 #endif
