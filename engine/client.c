@@ -300,10 +300,31 @@ static size_t plain_len(const smtpe_client_config *cfg)
 /* The octets of the SASL message an engine-run mechanism sends (before base64). */
 static size_t oauth_len(const smtpe_client_config *cfg, int mech);
 
-static int config_valid(const smtpe_client_config *c)
+/* The host-supplied strings of c: 1 if each is well-formed (else SMTPE_ERR_INVALID_ARGUMENT). */
+static int config_strings_valid(const smtpe_client_config *c)
 {
     if (!c->helo_name || !helo_name_valid(c->helo_name))
         return 0;
+    if (!params_valid(c->xclient, c->xclient_count))
+        return 0;
+    if (c->auth_mechanism) {
+        if (!clean_string(c->auth_mechanism, 21))
+            return 0;
+        if (c->auth_user && !clean_string(c->auth_user, 256))
+            return 0;
+        if (c->auth_authzid && !clean_string(c->auth_authzid, 256))
+            return 0;
+        if (c->auth_password && !clean_string(c->auth_password, 256))
+            return 0;
+        if (c->auth_token && !clean_string(c->auth_token, TOKEN_MAX + 1))
+            return 0;
+    }
+    return 1;
+}
+
+/* The limits and choices of c (else SMTPE_ERR_CONFIG); the strings are valid. */
+static int config_valid(const smtpe_client_config *c)
+{
     if ((unsigned)c->tls > SMTPE_TLS_IMPLICIT)
         return 0;
     if (c->line_ending != SMTPE_LINE_ENDING_NORMALISE && c->line_ending != SMTPE_LINE_ENDING_REFUSE)
@@ -319,19 +340,7 @@ static int config_valid(const smtpe_client_config *c)
         return 0;
     if (c->max_recipients < 1 || c->max_recipients > 100000)
         return 0;
-    if (!params_valid(c->xclient, c->xclient_count))
-        return 0;
     if (c->auth_mechanism) {
-        if (!clean_string(c->auth_mechanism, 21))
-            return 0;
-        if (c->auth_user && !clean_string(c->auth_user, 256))
-            return 0;
-        if (c->auth_authzid && !clean_string(c->auth_authzid, 256))
-            return 0;
-        if (c->auth_password && !clean_string(c->auth_password, 256))
-            return 0;
-        if (c->auth_token && !clean_string(c->auth_token, TOKEN_MAX + 1))
-            return 0;
         /* every engine-run SASL line must fit the output buffer whole */
         if (c->auth_user && c->auth_password &&
             SMTPE__BASE64_LEN(plain_len(c)) + 64 > c->output_buffer_size)
@@ -353,7 +362,7 @@ typedef struct layout {
 
 static int layout_of(const smtpe_client_config *c, layout *l)
 {
-    if (!config_valid(c))
+    if (!config_strings_valid(c) || !config_valid(c))
         return 0;
     l->sent_cap = c->max_unanswered / 6 + 8;
     l->bits_len = ((size_t)c->max_recipients + 7) / 8;
@@ -1409,6 +1418,8 @@ static const refusal *txn_refusal(smtpe_client *c)
         r_utf8 = {"5.6.7", "non-ASCII address and the server does not offer SMTPUTF8"},
         r_binary = {"5.6.3", "binary content and the server does not offer BINARYMIME"},
         r_8bit = {"5.6.3", "8-bit content and the server does not offer 8BITMIME"},
+        r_7bit = {"5.6.3", "8-bit content in a message declared BODY=7BIT"},
+        r_nobdat = {"5.6.3", "binary content needs BDAT, which the client does not use"},
         r_nul = {"5.6.0", "NUL octet in the content"},
         r_bare = {"5.6.0", "bare CR or LF in the content"},
         r_long = {"5.6.0", "content line over 998 octets"},
@@ -1422,15 +1433,17 @@ static const refusal *txn_refusal(smtpe_client *c)
         return &r_tls;
     if ((t->smtputf8 || c->tx_utf8) && !(ext & SMTPE_EXT_SMTPUTF8))
         return &r_utf8;
+    if (body == SMTPE_BODY_BINARYMIME && !c->cfg.chunking)
+        return &r_nobdat;
     if (body == SMTPE_BODY_BINARYMIME &&
-        !(c->cfg.chunking && (ext & SMTPE_EXT_CHUNKING) && (ext & SMTPE_EXT_BINARYMIME)))
+        !((ext & SMTPE_EXT_CHUNKING) && (ext & SMTPE_EXT_BINARYMIME)))
         return &r_binary;
     if (body == SMTPE_BODY_UNSPECIFIED && (flags & SMTPE_CONTENT_8BIT))
         body = SMTPE_BODY_8BITMIME;
+    if (body == SMTPE_BODY_7BIT && (flags & SMTPE_CONTENT_8BIT))
+        return &r_7bit;
     if ((body == SMTPE_BODY_8BITMIME || (flags & SMTPE_CONTENT_8BIT)) &&
         body != SMTPE_BODY_BINARYMIME && !(ext & SMTPE_EXT_8BITMIME))
-        return &r_8bit;
-    if (body == SMTPE_BODY_7BIT && (flags & SMTPE_CONTENT_8BIT))
         return &r_8bit;
     c->tx_body = body;
     c->tx_bdat = c->cfg.chunking && (ext & SMTPE_EXT_CHUNKING);
@@ -1687,7 +1700,7 @@ static smtpe_ssize content_data(smtpe_client *c, const uint8_t *p, size_t n, int
     while (used < n) {
         size_t room, w, k;
         int to_b;
-        uint8_t *q = out_reserve(c, 3, &room, &to_b);
+        uint8_t *q = out_reserve(c, 4, &room, &to_b); /* one octet may yield 4 */
         if (!q)
             break;
         k = smtpe__stuff_encode(&c->st, p + used, n - used, q, room, &w);
@@ -1721,7 +1734,7 @@ static smtpe_ssize content_bdat(smtpe_client *c, const uint8_t *p, size_t n, int
     wr hw = {head, 0, sizeof head, 0};
     if (c->bdat_out || c->sent_count == c->sent_cap)
         return 0;
-    q = out_reserve(c, BDAT_HEAD + SMTPE__STUFF_FINISH_MAX + 3, &room, &to_b);
+    q = out_reserve(c, BDAT_HEAD + SMTPE__STUFF_FINISH_MAX + 4, &room, &to_b);
     if (!q)
         return 0;
     cap = room - BDAT_HEAD - SMTPE__STUFF_FINISH_MAX;
@@ -2211,8 +2224,8 @@ static int content_room(const smtpe_client *c)
         return 0;
     if (c->tx_bdat)
         return !c->bdat_out && c->sent_count < c->sent_cap &&
-               room >= BDAT_HEAD + SMTPE__STUFF_FINISH_MAX + 3;
-    return room >= 3;
+               room >= BDAT_HEAD + SMTPE__STUFF_FINISH_MAX + 4;
+    return room >= 4;
 }
 
 unsigned smtpe_client_want(const smtpe_client *c)
@@ -2397,7 +2410,8 @@ int smtpe_client_init_versioned(smtpe_client **out, void *mem, size_t len, int c
     smtpe_client_config k;
     layout l;
     (void)now_ms;
-    if (!out || !mem || !cfg || !config_latest(config_version, cfg, &k))
+    if (!out || !mem || !cfg || !config_latest(config_version, cfg, &k) ||
+        !config_strings_valid(&k))
         return SMTPE_ERR_INVALID_ARGUMENT;
     if (!layout_of(&k, &l))
         return SMTPE_ERR_CONFIG;
@@ -2423,7 +2437,7 @@ int smtpe_client_new_versioned(smtpe_client **out, int config_version,
     if (!out || !cfg)
         return SMTPE_ERR_INVALID_ARGUMENT;
     *out = NULL;
-    if (!config_latest(config_version, cfg, &k))
+    if (!config_latest(config_version, cfg, &k) || !config_strings_valid(&k))
         return SMTPE_ERR_INVALID_ARGUMENT;
     if (alloc && alloc->alloc && alloc->free)
         a = *alloc;

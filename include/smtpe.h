@@ -844,8 +844,11 @@ typedef struct smtpe_client_config {
      * server offers that the credentials allow (OAUTHBEARER, XOAUTH2 with a token; PLAIN,
      * LOGIN with a password), or a mechanism name, which the server must offer; a name other
      * than PLAIN, LOGIN, XOAUTH2, OAUTHBEARER is run step by step through the host
-     * (SMTPE_CEV_AUTH_STEP). There is no fallback to another mechanism after a failure. All
-     * strings NUL-terminated, at most 255 octets (tokens 8192), no control octet. */
+     * (SMTPE_CEV_AUTH_STEP). There is no fallback to another mechanism after a failure: a
+     * refused AUTH ends the session (SMTPE_CLOSE_AUTH_FAILED) with the recipients temporary,
+     * carrying the server's code (credentials can be fixed; the mail is deferred, not
+     * bounced). All strings NUL-terminated, at most 255 octets (tokens 8192), no control
+     * octet (else SMTPE_ERR_INVALID_ARGUMENT at creation). */
     const char *auth_mechanism;
     const char *auth_authzid;  /* PLAIN's authorization identity; NULL or "" for none */
     const char *auth_user;     /* authentication identity (PLAIN, LOGIN, XOAUTH2, OAUTHBEARER) */
@@ -935,9 +938,10 @@ typedef struct smtpe_content_info {
     int state;
 } smtpe_content_info;
 
-/* Starts a scan. */
+/* Starts a scan. A NULL info is ignored (by all three). */
 SMTPE_API void smtpe_content_scan_init(smtpe_content_info *info);
-/* Scans the next n octets of the content (any split gives the same result). */
+/* Scans the next n octets of the content (any split gives the same result). Lines are those of
+ * the wire under NORMALISE: a bare CR or bare LF ends one too. */
 SMTPE_API void smtpe_content_scan(smtpe_content_info *info, const uint8_t *p, size_t n);
 /* Ends the scan (a trailing CR is bare; the missing final CRLF is counted in wire_size). */
 SMTPE_API void smtpe_content_scan_end(smtpe_content_info *info);
@@ -1119,7 +1123,8 @@ SMTPE_API size_t smtpe_client_memory_size_versioned(int config_version,
  * config is copied; its strings must outlive the session. Queues the PROXY header if one is
  * configured; then waits for the greeting (greeting_timeout_ms from now_ms).
  * Returns 0, SMTPE_ERR_INVALID_ARGUMENT (a NULL, an unknown version, a bad string: CR, LF,
- * NUL or a malformed helo_name), SMTPE_ERR_CONFIG or SMTPE_ERR_NOMEM. */
+ * NUL or a malformed helo_name), SMTPE_ERR_CONFIG (a limit out of range, or credentials too
+ * long for the output buffer) or SMTPE_ERR_NOMEM. */
 SMTPE_API int smtpe_client_new_versioned(smtpe_client **out, int config_version,
                                          const smtpe_client_config *cfg,
                                          const smtpe_allocator *alloc, uint64_t now_ms);

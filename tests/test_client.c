@@ -354,6 +354,7 @@ static void sc_q09(ch *h)
     assert_int_equal(strlen(out), 544 + 2);
     ch_server(h, "535 5.7.8 bad\r\n");
     assert_non_null(strstr(ch_take_log(h), "CLOSED auth-failed 535 5.7.8 bad"));
+    (void)0;
     OUT(h, "QUIT\r\n"); /* no fallback to another mechanism */
 }
 
@@ -377,10 +378,29 @@ static void sc_plaintext_auth_refused(ch *h)
     assert_non_null(strstr(ch_take_log(h), "CLOSED auth-failed"));
 }
 
+static void sc_auth_refused(ch *h)
+{
+    h->cfg.auth_mechanism = "PLAIN";
+    h->cfg.auth_user = "u";
+    h->cfg.auth_password = "p";
+    h->cfg.auth_plaintext_ok = 1;
+    open_ok(h);
+    ch_submit(h, "a@example.com", ONE, 1);
+    ch_server(h, GREET);
+    ch_server(h, "250-mx\r\n250-ENHANCEDSTATUSCODES\r\n250 AUTH PLAIN\r\n");
+    OUT(h, EHLO "AUTH PLAIN AHUAcA==\r\n");
+    ch_server(h, "535 5.7.8 Authentication credentials invalid\r\n");
+    /* deferred, not bounced: the credentials may be fixed */
+    LOG(h, "OUTCOME 0 temporary 535 5.7.8 Authentication credentials invalid\nDONE 0/0/1/0\n"
+           "CLOSED auth-failed 535 Authentication credentials invalid\n");
+    OUT(h, "QUIT\r\n");
+}
+
 static void test_auth_needs_tls(void **st)
 {
     (void)st;
     run3(sc_plaintext_auth_refused);
+    run3(sc_auth_refused);
 }
 
 static void sc_xoauth2(ch *h)
@@ -461,12 +481,16 @@ static void test_q11_bad_arguments(void **st)
     const char *const ok_to[] = {"bob@example.org"};
     ch_init(&h);
     h.cfg.helo_name = "client.example\r\nMAIL FROM:<x>";
-    assert_int_equal(ch_open(&h), SMTPE_ERR_CONFIG);
+    assert_int_equal(ch_open(&h), SMTPE_ERR_INVALID_ARGUMENT);
     h.cfg.helo_name = "client.example";
     h.cfg.auth_mechanism = "PLAIN";
     h.cfg.auth_user = "u\nx";
     h.cfg.auth_password = "p";
+    assert_int_equal(ch_open(&h), SMTPE_ERR_INVALID_ARGUMENT);
+    h.cfg.auth_user = "u";
+    h.cfg.output_buffer_size = 100; /* a limit out of range */
     assert_int_equal(ch_open(&h), SMTPE_ERR_CONFIG);
+    h.cfg.output_buffer_size = 16384;
     h.cfg.auth_mechanism = NULL;
     assert_int_equal(ch_open(&h), 0);
     assert_int_equal(ch_submit(&h, "a@example.com", bad_to, 1), SMTPE_ERR_INVALID_ARGUMENT);
