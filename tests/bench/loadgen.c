@@ -1,18 +1,29 @@
 /*
- * smtpe-loadgen: an SMTP load generator (issue 4, "Load generator").
+ * smtpe-loadgen: an SMTP load generator (issue 4, "Load generator") on the client engine.
  *
  * One epoll loop (edge-triggered, no threads) holds up to --concurrency client sessions at once
  * and runs --sessions of them in all, each of the shape of the Ruby study: read the 220 banner,
  * EHLO, MAIL FROM, RCPT TO (x --rcpts), DATA, a message of --body-size octets (CRLF lines, some
- * starting with '.', dot-stuffed on the wire, ended by CRLF.CRLF), QUIT. Every reply is checked
- * (multi-line replies parsed; a wrong code, a malformed reply, a closed connection or passing
- * --timeout-ms is a failed session). With --pipelining, MAIL, RCPT... and DATA go in one write
- * when the EHLO reply advertises PIPELINING. --sources N binds each connection to one of
- * 127.0.0.1 .. 127.0.0.N, round-robin, so that 10 000 connections to a loopback target fit the
- * ephemeral ports. --max-opening (default 256) caps the sessions connecting or awaiting the
- * banner at once, so a burst of connects does not overflow the server's accept queue (with SYN
- * cookies such a connection looks established to the client, which then waits for a banner
- * forever, SMTP being server-speaks-first).
+ * starting with '.'), QUIT. Every session is one smtpe_client (include/smtpe.h, "Client
+ * engine") in a slab of this process's memory (smtpe_client_init, smtpe_client_memory_size
+ * octets per slot): the transaction is submitted as soon as the socket exists, before the
+ * greeting; the engine sequences the commands, parses and checks every reply, and dot-stuffs
+ * the message, which goes to it as content; QUIT is asked for after TRANSACTION_DONE. A
+ * session succeeds when every recipient's outcome is "delivered" and the session ends with
+ * CLOSED reason QUIT after the 221; anything else (a refused recipient, a malformed or
+ * unsolicited reply, a closed connection, passing --timeout-ms) is a failed session. With
+ * --pipelining the engine pipelines MAIL, RCPT... and DATA in one write when the EHLO reply
+ * advertises PIPELINING (cfg.pipelining); without it, one command per reply. Content goes by
+ * DATA (cfg.chunking 0), as in the study; the engine's 4 KiB output ring hands a message out
+ * in pieces, which go with MSG_MORE on a TCP_NODELAY socket (see flush). --timeout-ms is this
+ * tool's own deadline for a whole session (the engine's per-command timeouts are off: its
+ * smtpe_client_expiry is never armed). --sources N binds each connection to
+ * one of 127.0.0.1 .. 127.0.0.N, round-robin, so that 10 000 connections to a loopback target
+ * fit the ephemeral ports. --max-opening (default 256) caps the sessions connecting or
+ * awaiting the banner at once (a session stops "opening" when the engine, having read the
+ * greeting, queues its EHLO), so a burst of connects does not overflow the server's accept
+ * queue (with SYN cookies such a connection looks established to the client, which then waits
+ * for a banner forever, SMTP being server-speaks-first).
  *
  * While it runs it prints a progress line on stderr once a second (not with --quiet); at the end
  * one JSON line on stdout:
@@ -43,7 +54,10 @@
  *                          server may or may not have stored it.
  * Each line goes out in one write(2) on an O_APPEND descriptor as soon as the reply is read
  * (or the session fails), before any further command is sent: no buffering in this process.
- * A session that fails before its 354 gets no line.
+ * A session that fails before its 354 gets no line. (With the engine: the 354 is its
+ * SMTPE_CEV_CONTENT event; the end-of-data reply is the first recipient outcome after it that
+ * the server decided, code and text being that reply's last line; an outcome the engine
+ * decided itself, e.g. after a malformed reply, counts as no reply.)
  *
  * --unique: every session sends its own message, a function of its seq N and --body-size B
  * only, so that a checker regenerates the exact content octets (before dot-stuffing):
@@ -76,6 +90,7 @@
 #include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -94,31 +109,38 @@
 #define IP_BIND_ADDRESS_NO_PORT 24
 #endif
 
-#define INBUF_SIZE 4096
+#include "smtpe.h"
+
+#define INBUF_SIZE 4096 /* octets read from a socket at once (one buffer for all sessions) */
 #define MAX_FAIL_REPORTS 10
+#define WHY_SIZE 128 /* the first undelivered outcome, for the failure report */
 
-enum step { ST_CONNECT, ST_BANNER, ST_EHLO, ST_MAIL, ST_RCPT, ST_DATA, ST_DOT, ST_QUIT };
+/* What the session waits for, as the engine's events show it (for the failure report, the
+ * --max-opening count and the --ack-log rule). */
+enum step { ST_CONNECT, ST_BANNER, ST_EHLO, ST_TXN, ST_DOT, ST_QUIT };
 
-static const char *const step_name[] = {"connect", "banner", "EHLO reply", "MAIL reply",
-                                        "RCPT reply", "DATA reply", "end-of-data reply",
+static const char *const step_name[] = {"connect",    "banner", "EHLO reply",
+                                        "MAIL, RCPT or DATA reply", "end-of-data reply",
                                         "QUIT reply"};
 
 struct session {
     int fd;                /* -1 when the slot is free */
-    enum step step;        /* the reply awaited (or ST_CONNECT) */
-    int rcpt_done;         /* RCPT replies received */
-    int pipelined;         /* MAIL..DATA were sent in one write */
-    int ehlo_pipelining;   /* the EHLO reply advertised PIPELINING */
-    int reply_code;        /* code of the first line of the reply being read, 0 between replies */
+    enum step step;        /* ST_BANNER: connected, no EHLO queued yet; ST_EHLO: the EHLO is
+                              queued, no READY yet; ST_TXN: READY; ST_DOT: the DATA got its 354
+                              (SMTPE_CEV_CONTENT); ST_QUIT: TRANSACTION_DONE, QUIT asked for */
+    smtpe_client *client;  /* in mem; valid from start_session to finish */
+    void *mem;             /* this slot's smtpe_client_memory_size octets, max_align_t aligned */
     uint64_t start_ns;
     long seq;              /* --seq-base + index of the session */
     int dot_logged;        /* the --ack-log line of this session is written */
-    char *own;             /* --unique: this session's wire message (freed at finish), or NULL */
-    const char *out;       /* pending output (shared or own) */
-    size_t out_len, out_off;
-    size_t in_len;
+    int blocked;           /* the last send(2) said EAGAIN: EPOLLOUT resumes the output */
+    int content_pending;   /* SMTPE_CEV_CONTENT taken, the last piece not yet consumed */
+    char *own;             /* --unique: this session's message (freed at finish), or NULL */
+    const uint8_t *content; /* the message (shared or own), content_len octets */
+    size_t content_len, content_off;
+    size_t delivered;      /* recipients delivered */
+    char why[WHY_SIZE];    /* the first recipient not delivered ("" while none) */
     struct session *prev, *next; /* active list, oldest (first deadline) first */
-    char in[INBUF_SIZE];
 };
 
 struct config {
@@ -137,11 +159,14 @@ static struct sockaddr_storage target;
 static socklen_t target_len;
 static int ep = -1;
 
-static char *cmd_ehlo, *cmd_mail, *cmd_data, *cmd_quit, *cmd_pipeline;
-static char **cmd_rcpt;
-static size_t len_ehlo, len_mail, len_data, len_quit, len_pipeline, *len_rcpt;
-static char *wire_body; /* dot-stuffed message + ".\r\n" */
-static size_t wire_body_len;
+static smtpe_client_config ccfg;  /* every session's engine config (build_client) */
+static size_t client_mem_size;    /* smtpe_client_memory_size(&ccfg), rounded to max_align_t */
+static smtpe_client_txn txn;      /* the one transaction every session submits (read-only) */
+static smtpe_client_rcpt *rcpts;  /* its --rcpts forward-paths, user1..userN@example.com */
+static char *body;                /* without --unique: the message every session sends */
+static size_t body_len;
+static uint8_t inbuf[INBUF_SIZE]; /* recv(2) target; fed to the engine at once */
+static uint64_t loop_ms;          /* monotonic ms at the latest epoll_wait return */
 
 static struct session *slots;
 static struct session **free_list;
@@ -173,14 +198,6 @@ static void *xmalloc(size_t n)
     void *p = malloc(n ? n : 1);
     if (!p)
         die("out of memory");
-    return p;
-}
-
-static char *xstrdup_len(const char *s, size_t *len)
-{
-    *len = strlen(s);
-    char *p = xmalloc(*len + 1);
-    memcpy(p, s, *len + 1);
     return p;
 }
 
@@ -325,26 +342,6 @@ static void raise_nofile(void)
     }
 }
 
-/* The wire form of msg[0..n) (CRLF lines): dot-stuffed (RFC 5321 §4.5.2) and followed by
- * ".\r\n", in a new heap block of *wire_len octets (+1). */
-static char *stuff(const char *msg, size_t n, size_t *wire_len)
-{
-    size_t dots = 0;
-    for (size_t i = 0; i < n; i++)
-        if (msg[i] == '.' && (i == 0 || msg[i - 1] == '\n'))
-            dots++;
-    *wire_len = n + dots + 3;
-    char *wire = xmalloc(*wire_len + 1);
-    size_t w = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (msg[i] == '.' && (i == 0 || msg[i - 1] == '\n'))
-            wire[w++] = '.';
-        wire[w++] = msg[i];
-    }
-    memcpy(wire + w, ".\r\n", 3);
-    return wire;
-}
-
 /* splitmix64: the generator of --unique (the header comment gives it in full). */
 static uint64_t splitmix64(uint64_t *state)
 {
@@ -354,9 +351,9 @@ static uint64_t splitmix64(uint64_t *state)
     return z ^ (z >> 31);
 }
 
-/* --unique: the wire form (stuffed, with ".\r\n") of the message of sequence number seq, as
- * the header comment defines it, in a new heap block of *wire_len octets. */
-static char *unique_message(long seq, size_t *wire_len)
+/* --unique: the content (before dot-stuffing, which the engine does) of the message of
+ * sequence number seq, as the header comment defines it, in a new heap block of *len octets. */
+static char *unique_message(long seq, size_t *len)
 {
     static const char alpha[] = "abcdefghijklmnopqrstuvwxyz0123456789";
     uint64_t st = (uint64_t)seq;
@@ -386,9 +383,8 @@ static char *unique_message(long seq, size_t *wire_len)
         msg[p++] = '\r';
         msg[p++] = '\n';
     }
-    char *wire = stuff(msg, p, wire_len);
-    free(msg);
-    return wire;
+    *len = p;
+    return msg;
 }
 
 /* The message: a few header lines (when it fits), then lines of up to 76 octets, every 7th one
@@ -421,29 +417,45 @@ static void build_messages(void)
         msg[p++] = '\n';
         line++;
     }
-    wire_body = stuff(msg, n, &wire_body_len);
-    free(msg);
+    body = msg;
+    body_len = n;
+}
 
-    cmd_ehlo = xstrdup_len("EHLO loadgen.example.org\r\n", &len_ehlo);
-    cmd_mail = xstrdup_len("MAIL FROM:<loadgen@example.org>\r\n", &len_mail);
-    cmd_data = xstrdup_len("DATA\r\n", &len_data);
-    cmd_quit = xstrdup_len("QUIT\r\n", &len_quit);
-    cmd_rcpt = xmalloc(sizeof *cmd_rcpt * (size_t)cfg.rcpts);
-    len_rcpt = xmalloc(sizeof *len_rcpt * (size_t)cfg.rcpts);
-    size_t total = len_mail + len_data;
+/* The engine config of every session (sized for the job: one transaction of --rcpts
+ * recipients, replies of smtpe-server's size, a small output ring) and the one transaction. */
+static void build_client(void)
+{
+    smtpe_client_config_init(&ccfg);
+    ccfg.helo_name = "loadgen.example.org";
+    ccfg.chunking = 0; /* DATA, as in the Ruby study */
+    ccfg.pipelining = cfg.pipelining;
+    ccfg.output_buffer_size = 4096;
+    ccfg.max_reply_line = 1024;
+    ccfg.max_reply_size = 8192;
+    ccfg.max_unanswered = 4096;
+    ccfg.max_recipients = (unsigned)cfg.rcpts;
+    /* --timeout-ms is this tool's deadline for the whole session: no engine timer */
+    ccfg.greeting_timeout_ms = ccfg.command_timeout_ms = ccfg.data_timeout_ms = 0;
+    ccfg.data_block_timeout_ms = ccfg.data_end_timeout_ms = 0;
+    size_t n = smtpe_client_memory_size(&ccfg);
+    if (n == 0)
+        die("the client engine refuses the session config");
+    const size_t al = _Alignof(max_align_t);
+    client_mem_size = (n + al - 1) / al * al;
+
+    rcpts = xmalloc(sizeof *rcpts * (size_t)cfg.rcpts);
+    memset(rcpts, 0, sizeof *rcpts * (size_t)cfg.rcpts);
     for (long i = 0; i < cfg.rcpts; i++) {
         char b[64];
-        snprintf(b, sizeof b, "RCPT TO:<user%ld@example.com>\r\n", i + 1);
-        cmd_rcpt[i] = xstrdup_len(b, &len_rcpt[i]);
-        total += len_rcpt[i];
+        int l = snprintf(b, sizeof b, "user%ld@example.com", i + 1);
+        char *f = xmalloc((size_t)l + 1);
+        memcpy(f, b, (size_t)l + 1);
+        rcpts[i].forward_path = f;
     }
-    cmd_pipeline = xmalloc(total + 1);
-    size_t q = 0;
-    memcpy(cmd_pipeline + q, cmd_mail, len_mail), q += len_mail;
-    for (long i = 0; i < cfg.rcpts; i++)
-        memcpy(cmd_pipeline + q, cmd_rcpt[i], len_rcpt[i]), q += len_rcpt[i];
-    memcpy(cmd_pipeline + q, cmd_data, len_data), q += len_data;
-    len_pipeline = q;
+    memset(&txn, 0, sizeof txn);
+    txn.reverse_path = "loadgen@example.org";
+    txn.rcpts = rcpts;
+    txn.rcpt_count = (size_t)cfg.rcpts;
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -519,14 +531,15 @@ static void finish(struct session *s, int ok, const char *why, const char *detai
     } else {
         done_failed++;
         if (!cfg.quiet && fail_reports++ < MAX_FAIL_REPORTS)
-            fprintf(stderr, "smtpe-loadgen: session failed awaiting %s: %s%s%s\n", step_name[s->step],
-                    why, detail ? ": " : "", detail ? detail : "");
+            fprintf(stderr, "smtpe-loadgen: session failed awaiting %s: %s%s%s\n",
+                    step_name[s->step], why, detail ? ": " : "", detail ? detail : "");
     }
     if (!ok && s->step == ST_DOT)
         ack_line(s, "FAIL noreply", 12);
     if (s->fd >= 0)
         close(s->fd);
     s->fd = -1;
+    s->client = NULL; /* its slab is simply reused by the next session of the slot */
     free(s->own);
     s->own = NULL;
     list_remove(s);
@@ -534,42 +547,174 @@ static void finish(struct session *s, int ok, const char *why, const char *detai
     free_list[free_count++] = s;
 }
 
-/* Writes what is pending; 0 when done or waiting for EPOLLOUT, -1 after failing the session. */
+/* Sends what the engine queued: 1 when all of it is out, 0 when send(2) said EAGAIN (EPOLLOUT
+ * resumes), -1 after failing the session. The engine's output ring (4 KiB) is smaller than a
+ * message, which so leaves in several send(2) calls where one write of it would do: with
+ * Nagle's algorithm each piece after the first would wait for the server's delayed ACK
+ * (40 ms on Linux) of the one before, so the socket has TCP_NODELAY, and the pieces go with
+ * MSG_MORE while content is still to come, so that a message leaves in as few segments as if
+ * written at once, the piece with the final dot pushing them out. */
 static int flush(struct session *s)
 {
-    while (s->out_off < s->out_len) {
-        ssize_t n = send(s->fd, s->out + s->out_off, s->out_len - s->out_off, MSG_NOSIGNAL);
-        if (n >= 0) {
-            s->out_off += (size_t)n;
-        } else if (errno == EINTR) {
-            continue;
-        } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            return 0;
-        } else {
+    for (;;) {
+        size_t len;
+        const uint8_t *p = smtpe_client_send_buf(s->client, &len);
+        if (len == 0)
+            return 1;
+        if (s->step == ST_BANNER) { /* the greeting is read: the EHLO is queued */
+            s->step = ST_EHLO;
+            opening--;
+        }
+        ssize_t n = send(s->fd, p, len, MSG_NOSIGNAL | (s->content_pending ? MSG_MORE : 0));
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                s->blocked = 1;
+                return 0;
+            }
             finish(s, 0, "send", strerror(errno));
             return -1;
+        }
+        smtpe_client_send_ack(s->client, (size_t)n);
+    }
+}
+
+/* One recipient's outcome: counted, or kept for the failure report. The first one the server
+ * decided after the 354 is the end-of-data reply (--ack-log). */
+static void on_outcome(struct session *s, const smtpe_client_outcome *o)
+{
+    if (s->step == ST_DOT && !o->local)
+        ack_reply(s, (int)o->code, (const char *)o->text.ptr, o->text.len);
+    if (o->outcome == SMTPE_OUTCOME_DELIVERED) {
+        s->delivered++;
+        return;
+    }
+    if (s->why[0])
+        return; /* the first one is reported */
+    int tl = (int)(o->text.len < 80 ? o->text.len : 80);
+    if (o->local)
+        snprintf(s->why, sizeof s->why, "recipient %zu: %.*s (the client's verdict)",
+                 o->index + 1, tl, (const char *)o->text.ptr);
+    else
+        snprintf(s->why, sizeof s->why, "recipient %zu: %03u %.*s", o->index + 1, o->code, tl,
+                 (const char *)o->text.ptr);
+}
+
+static const char *close_reason(int r)
+{
+    static const char *const names[] = {"QUIT",         "421 from the server", "protocol error",
+                                        "connection lost", "timeout",        "TLS required",
+                                        "AUTH failed",  "aborted",             "refused"};
+    return r >= 0 && r <= 8 ? names[r] : "unknown reason";
+}
+
+static int on_closed(struct session *s, const smtpe_client_closed *c)
+{
+    if (c->reason == SMTPE_CLOSE_QUIT && s->step == ST_QUIT) {
+        finish(s, 1, NULL, NULL);
+        return -1;
+    }
+    char b[WHY_SIZE + 96];
+    if (s->why[0])
+        snprintf(b, sizeof b, "%s", s->why);
+    else
+        snprintf(b, sizeof b, "%s%s%03u %.*s", close_reason(c->reason), c->code ? ": " : " ",
+                 c->code, (int)(c->text.len < 80 ? c->text.len : 80),
+                 (const char *)c->text.ptr);
+    finish(s, 0, "session closed", b);
+    return -1;
+}
+
+/* Takes the engine's events; -1 when the session ended. */
+static int take_events(struct session *s)
+{
+    smtpe_client_event ev;
+    while (smtpe_client_next_event(s->client, &ev) == 1) {
+        switch (ev.type) {
+        case SMTPE_CEV_READY:
+            if (s->step <= ST_BANNER)
+                opening--;
+            s->step = ST_TXN;
+            break;
+        case SMTPE_CEV_CONTENT:
+            s->step = ST_DOT;
+            if (cfg.unique) {
+                s->own = unique_message(s->seq, &s->content_len);
+                s->content = (const uint8_t *)s->own;
+            } else {
+                s->content = (const uint8_t *)body;
+                s->content_len = body_len;
+            }
+            s->content_off = 0;
+            s->content_pending = 1;
+            break;
+        case SMTPE_CEV_OUTCOME:
+            on_outcome(s, &ev.outcome);
+            break;
+        case SMTPE_CEV_TRANSACTION_DONE:
+            if (s->delivered != txn.rcpt_count) {
+                finish(s, 0, "not delivered", s->why[0] ? s->why : NULL);
+                return -1;
+            }
+            s->step = ST_QUIT;
+            if (smtpe_client_quit(s->client) < 0) {
+                finish(s, 0, "smtpe_client_quit", "refused");
+                return -1;
+            }
+            break;
+        case SMTPE_CEV_CLOSED:
+            return on_closed(s, &ev.closed);
+        default: {
+            char b[32];
+            snprintf(b, sizeof b, "type %d", (int)ev.type);
+            finish(s, 0, "unexpected engine event", b);
+            return -1;
+        }
         }
     }
     return 0;
 }
 
-static int queue_out(struct session *s, const char *p, size_t len)
+/* Runs the session until it waits for the network: events, output, content (as much as the
+ * engine's output ring and the socket take). -1 when the session ended. */
+static int service(struct session *s)
 {
-    if (s->out_off < s->out_len) {
-        finish(s, 0, "reply before our command was written", NULL);
-        return -1;
+    for (;;) {
+        if (take_events(s) < 0)
+            return -1;
+        int f = flush(s);
+        if (f < 0)
+            return -1;
+        if (f == 0 || !s->content_pending)
+            return 0;
+        size_t left = s->content_len - s->content_off;
+        smtpe_ssize r = smtpe_client_content(s->client, s->content + s->content_off, left, 1);
+        if (r < 0) {
+            finish(s, 0, "smtpe_client_content", smtpe_strerror((int)r));
+            return -1;
+        }
+        s->content_off += (size_t)r;
+        if ((size_t)r == left) {
+            s->content_pending = 0; /* the last piece is in: the engine queued the final dot */
+        } else if (r == 0) {
+            size_t len;
+            (void)smtpe_client_send_buf(s->client, &len);
+            if (len == 0) { /* nothing to send and no content taken: it would never move */
+                finish(s, 0, "smtpe_client_content", "took nothing with the output empty");
+                return -1;
+            }
+        }
     }
-    s->out = p;
-    s->out_len = len;
-    s->out_off = 0;
-    return flush(s);
 }
 
 static void start_session(void)
 {
     struct session *s = free_list[--free_count];
     long idx = started++;
-    memset(s, 0, offsetof(struct session, in));
+    void *mem = s->mem;
+    memset(s, 0, sizeof *s);
+    s->mem = mem;
     s->fd = -1;
     s->seq = cfg.seq_base + idx;
     s->step = ST_CONNECT;
@@ -584,14 +729,21 @@ static void start_session(void)
         peak_active = active;
     opening++;
 
+    int rc = smtpe_client_init(&s->client, s->mem, client_mem_size, &ccfg, loop_ms);
+    if (rc == 0)
+        rc = smtpe_client_submit(s->client, &txn); /* before the greeting */
+    if (rc < 0)
+        die("client engine: %s", smtpe_strerror(rc)); /* the same for every session: setup */
+
     int fd = socket(target.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) {
         finish(s, 0, "socket", strerror(errno));
         return;
     }
     s->fd = fd;
+    int one = 1; /* see flush */
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     if (cfg.sources > 0) {
-        int one = 1;
         struct sockaddr_in src;
         memset(&src, 0, sizeof src);
         src.sin_family = AF_INET;
@@ -615,95 +767,11 @@ static void start_session(void)
         finish(s, 0, "epoll_ctl", strerror(errno));
 }
 
-static int expected_code(enum step st)
-{
-    switch (st) {
-    case ST_BANNER: return 220;
-    case ST_DATA: return 354;
-    case ST_QUIT: return 221;
-    default: return 250;
-    }
-}
-
-/* Handles one complete reply (its final line's code); -1 when the session ended. */
-static int on_reply(struct session *s, int code)
-{
-    if (code != expected_code(s->step)) {
-        char b[32];
-        snprintf(b, sizeof b, "got %d, expected %d", code, expected_code(s->step));
-        finish(s, 0, "unexpected reply", b);
-        return -1;
-    }
-    switch (s->step) {
-    case ST_BANNER:
-        opening--;
-        s->step = ST_EHLO;
-        return queue_out(s, cmd_ehlo, len_ehlo);
-    case ST_EHLO:
-        s->step = ST_MAIL;
-        if (cfg.pipelining && s->ehlo_pipelining) {
-            s->pipelined = 1;
-            return queue_out(s, cmd_pipeline, len_pipeline);
-        }
-        return queue_out(s, cmd_mail, len_mail);
-    case ST_MAIL:
-        s->step = ST_RCPT;
-        return s->pipelined ? 0 : queue_out(s, cmd_rcpt[0], len_rcpt[0]);
-    case ST_RCPT:
-        if (++s->rcpt_done < cfg.rcpts)
-            return s->pipelined ? 0 : queue_out(s, cmd_rcpt[s->rcpt_done], len_rcpt[s->rcpt_done]);
-        s->step = ST_DATA;
-        return s->pipelined ? 0 : queue_out(s, cmd_data, len_data);
-    case ST_DATA:
-        s->step = ST_DOT;
-        if (cfg.unique) {
-            size_t wl;
-            s->own = unique_message(s->seq, &wl);
-            return queue_out(s, s->own, wl);
-        }
-        return queue_out(s, wire_body, wire_body_len);
-    case ST_DOT:
-        s->step = ST_QUIT;
-        return queue_out(s, cmd_quit, len_quit);
-    case ST_QUIT:
-        finish(s, 1, NULL, NULL);
-        return -1;
-    default:
-        finish(s, 0, "reply in a bad state", NULL);
-        return -1;
-    }
-}
-
-/* One reply line (without CRLF); -1 when the session ended. */
-static int on_line(struct session *s, const char *l, size_t len)
-{
-    if (len < 3 || l[0] < '2' || l[0] > '5' || l[1] < '0' || l[1] > '9' || l[2] < '0' ||
-        l[2] > '9' || (len > 3 && l[3] != ' ' && l[3] != '-')) {
-        finish(s, 0, "malformed reply line", NULL);
-        return -1;
-    }
-    int code = (l[0] - '0') * 100 + (l[1] - '0') * 10 + (l[2] - '0');
-    if (s->reply_code && code != s->reply_code) {
-        finish(s, 0, "multi-line reply changes its code", NULL);
-        return -1;
-    }
-    s->reply_code = code;
-    if (s->step == ST_EHLO && len >= 14 && !strncasecmp(l + 4, "PIPELINING", 10) &&
-        (len == 14 || l[14] == ' '))
-        s->ehlo_pipelining = 1;
-    if (len > 3 && l[3] == '-')
-        return 0;
-    s->reply_code = 0;
-    if (s->step == ST_DOT)
-        ack_reply(s, code, l, len);
-    return on_reply(s, code);
-}
-
+/* Reads what the server sent and feeds it to the engine until the socket is drained. */
 static void on_readable(struct session *s)
 {
     for (;;) {
-        size_t room = sizeof s->in - s->in_len;
-        ssize_t n = recv(s->fd, s->in + s->in_len, room, 0);
+        ssize_t n = recv(s->fd, inbuf, sizeof inbuf, 0);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -715,22 +783,23 @@ static void on_readable(struct session *s)
             finish(s, 0, "connection closed by the server", NULL);
             return;
         }
-        size_t end = s->in_len + (size_t)n, pos = 0;
-        for (size_t i = s->in_len ? s->in_len : 1; i < end; i++) {
-            if (s->in[i] != '\n' || s->in[i - 1] != '\r')
-                continue;
-            if (on_line(s, s->in + pos, i - 1 - pos) < 0)
+        int stalls = 0;
+        for (size_t off = 0; off < (size_t)n;) {
+            smtpe_ssize r = smtpe_client_recv(s->client, inbuf + off, (size_t)n - off, loop_ms);
+            if (r < 0) {
+                finish(s, 0, "smtpe_client_recv", smtpe_strerror((int)r));
                 return;
-            pos = i + 1;
+            }
+            off += (size_t)r;
+            if (service(s) < 0)
+                return;
+            stalls = r == 0 ? stalls + 1 : 0;
+            if (stalls > 1) { /* the events were taken, so it cannot wait for that */
+                finish(s, 0, "smtpe_client_recv", "consumes nothing");
+                return;
+            }
         }
-        if (pos < end)
-            memmove(s->in, s->in + pos, end - pos);
-        s->in_len = end - pos;
-        if (s->in_len == sizeof s->in) {
-            finish(s, 0, "reply line too long", NULL);
-            return;
-        }
-        if ((size_t)n < room)
+        if ((size_t)n < sizeof inbuf)
             return; /* drained: edge-triggered epoll reports new data */
     }
 }
@@ -757,8 +826,11 @@ static void on_event(struct session *s, uint32_t events)
         finish(s, 0, "socket error", strerror(err));
         return;
     }
-    if ((events & EPOLLOUT) && s->out_off < s->out_len && flush(s) < 0)
-        return;
+    if ((events & EPOLLOUT) && s->blocked) {
+        s->blocked = 0;
+        if (service(s) < 0)
+            return;
+    }
     if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP))
         on_readable(s);
 }
@@ -787,6 +859,7 @@ int main(int argc, char **argv)
     resolve_target();
     raise_nofile();
     build_messages();
+    build_client();
     if (cfg.ack_log) {
         ack_fd = open(cfg.ack_log, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
         if (ack_fd < 0)
@@ -795,8 +868,15 @@ int main(int argc, char **argv)
 
     slots = xmalloc(sizeof *slots * (size_t)cfg.concurrency);
     free_list = xmalloc(sizeof *free_list * (size_t)cfg.concurrency);
+    if ((size_t)cfg.concurrency > SIZE_MAX / client_mem_size)
+        die("out of memory");
+    uint8_t *slab = aligned_alloc(_Alignof(max_align_t), client_mem_size * (size_t)cfg.concurrency);
+    if (!slab)
+        die("out of memory (%zu octets of client sessions)",
+            client_mem_size * (size_t)cfg.concurrency);
     for (long i = cfg.concurrency - 1; i >= 0; i--) {
         slots[i].fd = -1;
+        slots[i].mem = slab + client_mem_size * (size_t)i;
         free_list[free_count++] = &slots[i];
     }
     latency_us = xmalloc(sizeof *latency_us * (size_t)cfg.sessions);
@@ -806,6 +886,7 @@ int main(int argc, char **argv)
 
     const uint64_t timeout_ns = (uint64_t)cfg.timeout_ms * 1000000u;
     const uint64_t t0 = now_ns();
+    loop_ms = t0 / 1000000u;
     const uint64_t stop_at = cfg.max_seconds ? t0 + (uint64_t)cfg.max_seconds * 1000000000u : 0;
     int stopped = 0; /* --max-seconds passed */
     uint64_t next_progress = t0 + 1000000000u;
@@ -832,6 +913,7 @@ int main(int argc, char **argv)
         int n = active ? epoll_wait(ep, evs, (int)(sizeof evs / sizeof evs[0]), wait_ms) : 0;
         if (n < 0 && errno != EINTR)
             die("epoll_wait: %s", strerror(errno));
+        loop_ms = now_ns() / 1000000u;
         for (int i = 0; i < n; i++)
             on_event(evs[i].data.ptr, evs[i].events);
 
