@@ -35,6 +35,93 @@ static void logf_(ch *h, const char *fmt, ...)
     buf_put(&h->log, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
 }
 
+static const char *outcome_name(int o);
+static const char *reason_name(int r);
+
+/* The span s C-escaped as hs_escape does (transcript style: each event stays one line). */
+static void log_span(ch *h, smtpe_span s)
+{
+    for (size_t i = 0; i < s.len; i++) {
+        uint8_t c = s.ptr[i];
+        switch (c) {
+        case '\r': logf_(h, "\\r"); break;
+        case '\n': logf_(h, "\\n"); break;
+        case '\t': logf_(h, "\\t"); break;
+        case '\\': logf_(h, "\\\\"); break;
+        case '"': logf_(h, "\\\""); break;
+        default:
+            if (c < 0x20 || c > 0x7e)
+                logf_(h, "\\x%02x", c);
+            else
+                logf_(h, "%c", c);
+        }
+    }
+}
+
+/* READY in transcript style (see ch.transcript). */
+static void log_ready_names(ch *h, const smtpe_client_caps *k)
+{
+    static const char *const names[] = {"PIPELINING", "SIZE", "8BITMIME", "SMTPUTF8",
+                                        "ENHANCEDSTATUSCODES", "STARTTLS", "CHUNKING",
+                                        "BINARYMIME", "DSN", "REQUIRETLS", "MT-PRIORITY",
+                                        "DELIVERBY", "XCLIENT", "XFORWARD"};
+    int first = 1;
+    logf_(h, "READY ext=");
+    for (unsigned b = 0; b < sizeof names / sizeof *names; b++) {
+        if (!(k->extensions & (1u << b)))
+            continue;
+        logf_(h, "%s%s", first ? "" : ",", names[b]);
+        first = 0;
+    }
+    if (k->extensions >> (sizeof names / sizeof *names))
+        logf_(h, "%s%#x", first ? "" : ",", k->extensions >> (sizeof names / sizeof *names));
+    else if (first)
+        logf_(h, "none");
+    logf_(h, " size=%llu auth=", (unsigned long long)k->size_limit);
+    log_span(h, k->auth);
+    logf_(h, " tls=%d auth_ok=%d", k->tls, k->authenticated);
+    if (k->deliverby_min)
+        logf_(h, " deliverby=%lld", (long long)k->deliverby_min);
+    if (k->xclient.len) {
+        logf_(h, " xclient=");
+        log_span(h, k->xclient);
+    }
+    if (k->xforward.len) {
+        logf_(h, " xforward=");
+        log_span(h, k->xforward);
+    }
+    logf_(h, "%s\n", k->esmtp ? "" : " helo");
+}
+
+/* OUTCOME, AUTH_STEP and CLOSED in transcript style: the fields of log_event, spans escaped. */
+static void log_escaped(ch *h, const smtpe_client_event *ev)
+{
+    switch (ev->type) {
+    case SMTPE_CEV_AUTH_STEP:
+        logf_(h, "AUTH_STEP %u ", ev->auth_step.step);
+        log_span(h, ev->auth_step.challenge);
+        break;
+    case SMTPE_CEV_OUTCOME:
+        logf_(h, "OUTCOME %zu %s %03u ", ev->outcome.index, outcome_name(ev->outcome.outcome),
+              ev->outcome.code);
+        if (ev->outcome.enhanced.len)
+            log_span(h, ev->outcome.enhanced);
+        else
+            logf_(h, "-");
+        logf_(h, " ");
+        log_span(h, ev->outcome.text);
+        logf_(h, "%s%s", ev->outcome.local ? " [local]" : "",
+              ev->outcome.before_mail ? " [before-mail]" : "");
+        break;
+    default: /* CLOSED */
+        logf_(h, "CLOSED %s %03u ", reason_name(ev->closed.reason), ev->closed.code);
+        log_span(h, ev->closed.text);
+        h->closed = 1;
+        break;
+    }
+    logf_(h, "\n");
+}
+
 void ch_init(ch *h)
 {
     memset(h, 0, sizeof *h);
@@ -90,6 +177,15 @@ static const char *reason_name(int r)
 
 static void log_event(ch *h, const smtpe_client_event *ev)
 {
+    if (h->transcript && ev->type == SMTPE_CEV_READY) {
+        log_ready_names(h, &ev->ready);
+        return;
+    }
+    if (h->transcript && (ev->type == SMTPE_CEV_AUTH_STEP || ev->type == SMTPE_CEV_OUTCOME ||
+                          ev->type == SMTPE_CEV_CLOSED)) {
+        log_escaped(h, ev);
+        return;
+    }
     switch (ev->type) {
     case SMTPE_CEV_READY:
         logf_(h, "READY ext=%#x size=%llu auth=%.*s tls=%d auth_ok=%d\n",
@@ -128,9 +224,13 @@ static int give_content(ch *h)
 {
     int progress = 0;
     while (smtpe_client_want(h->c) & SMTPE_WANT_CONTENT) {
-        size_t left = h->content_len - h->content_at;
+        size_t have = h->content_limited && h->content_limit < h->content_len
+                          ? h->content_limit : h->content_len;
+        size_t left = have > h->content_at ? have - h->content_at : 0;
         size_t n = h->piece && h->piece < left ? h->piece : left;
-        int last = n == left;
+        int last = n == left && have == h->content_len;
+        if (n == 0 && !last)
+            return progress; /* the host has nothing more yet */
         smtpe_ssize r = smtpe_client_content(h->c, h->content + h->content_at, n, last);
         if (r < 0) {
             logf_(h, "CONTENT-ERROR %d\n", (int)r);
@@ -166,16 +266,24 @@ void ch_pump(ch *h)
                 buf_put(&h->out, "<TLS>", 5);
                 smtpe_client_tls_started(h->c, h->now);
             } else if (ev.type == SMTPE_CEV_AUTH_STEP) {
-                const char *r = ev.auth_step.step < 8 ? h->auth_steps[ev.auth_step.step] : NULL;
-                smtpe_client_auth_response(h->c, (const uint8_t *)r, r ? strlen(r) : 0);
+                unsigned i = ev.auth_step.step;
+                const char *r = i < 8 ? h->auth_steps[i] : NULL;
+                size_t n = !r ? 0 : h->auth_step_lens ? h->auth_step_len[i] : strlen(r);
+                int e = smtpe_client_auth_response(h->c, (const uint8_t *)r, n);
+                if (e < 0 && h->transcript)
+                    logf_(h, "AUTH-RESPONSE-ERROR %d\n", e);
             } else if (ev.type == SMTPE_CEV_CONTENT && h->abort_content) {
                 logf_(h, "ABORT %d\n", smtpe_client_abort_content(h->c));
             }
         }
-        while ((o = smtpe_client_send_buf(h->c, &len)) && len > 0) {
+        while (!h->write_blocked && (o = smtpe_client_send_buf(h->c, &len)) && len > 0) {
+            if (h->write_chunk && len > h->write_chunk)
+                len = h->write_chunk;
             buf_put(&h->out, o, len);
             smtpe_client_send_ack(h->c, len);
             progress = 1;
+            if (h->write_chunk)
+                break; /* a slow socket: one short write per round */
         }
         if (!h->abort_content && give_content(h))
             progress = 1;
@@ -230,6 +338,12 @@ static const char *take(ch *h, ch_buf *b)
 
 const char *ch_take_out(ch *h)
 {
+    return take(h, &h->out);
+}
+
+const char *ch_take_out_len(ch *h, size_t *len)
+{
+    *len = h->out.len;
     return take(h, &h->out);
 }
 

@@ -41,6 +41,21 @@ typedef struct ch {
     ch_buf taken; /* what ch_take_* returned last */
     int closed;  /* CLOSED taken */
     int manual_tls; /* do not answer STARTTLS by itself */
+    /* Added for the client transcript runner (tests/test_client_transcripts.c); all default
+     * to 0, which keeps the behaviour above. */
+    /* transcript: the log in transcript style. READY is "READY ext=NAME,... size=N auth=MECHS
+     * tls=0|1 auth_ok=0|1" with the extension names in SMTPE_EXT_* bit order ("none" for
+     * none), then " deliverby=N", " xclient=NAMES", " xforward=NAMES" when present and
+     * " helo" after a HELO fallback; every span (reply text, enhanced code, challenge,
+     * mechanisms) is C-escaped as hs_escape does, so each event is one line; a failed
+     * smtpe_client_auth_response is logged ("AUTH-RESPONSE-ERROR n"). */
+    int transcript;
+    int write_blocked;  /* the host takes no output (a socket that does not drain) */
+    size_t write_chunk; /* 0, or the host writes at most this many octets per round */
+    int content_limited; /* the host has only content[0..content_limit) so far: it gives */
+    size_t content_limit; /* no more, and not the last piece, until these change */
+    int auth_step_lens; /* auth_steps[i] has auth_step_len[i] octets (NUL allowed), not strlen */
+    size_t auth_step_len[8];
 } ch;
 
 /* Sets up cfg defaults (helo "client.example") and an empty transaction. */
@@ -61,5 +76,7 @@ const char *ch_take_out(ch *h);
 const char *ch_take_log(ch *h);
 /* Advances the clock to t and lets the engine see it. */
 void ch_time(ch *h, uint64_t t);
+/* Like ch_take_out, with the length (the output may hold NUL octets). */
+const char *ch_take_out_len(ch *h, size_t *len);
 
 #endif
