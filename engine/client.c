@@ -545,6 +545,9 @@ static void txn_clear(smtpe_client *c)
     c->data_sent = c->content = c->content_event = c->bdat_out = c->end_queued = 0;
     c->end_at = 0;
     c->end_replies = 0;
+    c->end_replied = c->lone_dot = c->rset_sent = 0;
+    c->tx_outstanding = 0;
+    c->tx_body = SMTPE_BODY_UNSPECIFIED;
     c->lmtp_cursor = 0;
     c->xforward_at = 0;
     memset(c->counts, 0, sizeof c->counts);
@@ -1836,13 +1839,11 @@ static void on_ehlo(smtpe_client *c, int kind, unsigned code, smtpe_span text)
     }
 }
 
-static void on_starttls(smtpe_client *c, unsigned code, smtpe_span text, int more)
+static void on_starttls(smtpe_client *c, unsigned code, smtpe_span text)
 {
     if (code / 100 == 2) {
-        if (more) { /* response injection (CVE-2021-22947): nothing in clear may count */
-            protocol_error(c, "octets after the STARTTLS reply, before the TLS handshake");
-            return;
-        }
+        /* the host feeds what it has read beyond the 220 before its handshake: any octet is
+         * then a protocol error (response injection, CVE-2021-22947), whatever the split */
         c->phase = PH_TLS_WAIT;
         q_event(c, SMTPE_CEV_STARTTLS);
     } else if (c->cfg.tls == SMTPE_TLS_REQUIRED) {
@@ -1977,8 +1978,8 @@ static void on_txn_reply(smtpe_client *c, sent_cmd cmd, unsigned code, smtpe_spa
     }
 }
 
-/* A complete reply; more: octets follow it in the input just fed. */
-static void on_reply(smtpe_client *c, int more)
+/* A complete reply. */
+static void on_reply(smtpe_client *c)
 {
     unsigned code = c->rp.code;
     smtpe_span text = smtpe__reply_text(&c->rp), enh = {NULL, 0}, rest = text;
@@ -2024,7 +2025,7 @@ static void on_reply(smtpe_client *c, int more)
     case K_GREETING: on_greeting(c, code, rest); break;
     case K_EHLO:
     case K_HELO: on_ehlo(c, kind, code, rest); break;
-    case K_STARTTLS: on_starttls(c, code, rest, more); break;
+    case K_STARTTLS: on_starttls(c, code, rest); break;
     case K_XCLIENT:
         if (code / 100 == 2)
             c->next = NEXT_EHLO; /* XCLIENT resets the session: EHLO again */
@@ -2091,7 +2092,7 @@ smtpe_ssize smtpe_client_recv(smtpe_client *c, const uint8_t *buf, size_t n, uin
             continue;
         }
         on_line(c); /* the last line of an EHLO reply is a keyword line too */
-        on_reply(c, off < n);
+        on_reply(c);
         smtpe__reply_parser_start(&c->rp);
     }
     advance(c);
@@ -2239,8 +2240,10 @@ unsigned smtpe_client_want(const smtpe_client *c)
         w |= SMTPE_WANT_EVENT;
     if (c->phase == PH_CLOSED)
         return w | SMTPE_WANT_CLOSE;
-    if (c->phase == PH_TLS_WAIT || c->phase == PH_IMPLICIT)
+    if (c->phase == PH_IMPLICIT)
         return w | SMTPE_WANT_TLS;
+    if (c->phase == PH_TLS_WAIT) /* feed what was already read (an injection), then handshake */
+        return w | SMTPE_WANT_TLS | SMTPE_WANT_READ;
     if (c->auth_owed)
         w |= SMTPE_WANT_VERDICT;
     if (c->q_count == 0)
@@ -2257,6 +2260,11 @@ static uint64_t timeout_now(const smtpe_client *c)
     if (c->phase == PH_CLOSED || c->phase == PH_TLS_WAIT || c->phase == PH_IMPLICIT ||
         c->q_count > 0 || c->auth_owed || c->auth_step_ready)
         return 0;
+    if (c->sent_count > 0 && (int32_t)(c->sent[c->sent_head].end - (uint32_t)c->handed) > 0) {
+        /* the oldest command is not all handed to the host yet: the wait is on the sending */
+        int in_content = c->content != CT_NONE || c->end_queued;
+        return in_content ? k->data_block_timeout_ms : k->command_timeout_ms;
+    }
     if (c->sent_count > 0) {
         switch (c->sent[c->sent_head].kind) {
         case K_GREETING: return k->greeting_timeout_ms;

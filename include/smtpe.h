@@ -1016,8 +1016,11 @@ typedef enum smtpe_client_event_type {
     SMTPE_CEV_NONE = 0,
     /* The session is ready for mail (greeting, EHLO, STARTTLS and AUTH done): ev.ready. */
     SMTPE_CEV_READY,
-    /* STARTTLS was answered 220: the host sends the queued output (none is), runs the TLS
-     * handshake, then calls smtpe_client_tls_started (or smtpe_client_lost if it failed). */
+    /* STARTTLS was answered 220: the host sends the queued output (none is), feeds any octets
+     * it has already read beyond the 220 (SMTPE_WANT_READ stays set: each one is a protocol
+     * error, the response injection of CVE-2021-22947, and the session ends), reads nothing
+     * more in clear, runs the TLS handshake, then calls smtpe_client_tls_started (or
+     * smtpe_client_lost if it failed). */
     SMTPE_CEV_STARTTLS,
     /* A step of a host-run SASL mechanism (ev.auth_step): answer with
      * smtpe_client_auth_response. */
