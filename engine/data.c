@@ -652,32 +652,51 @@ static int stuff_octet(smtpe__stuffer *st, const uint8_t *p, size_t n, uint8_t *
     }
 }
 
-/* The fast path: the run at p[0..n) of plain octets (not above 127 either when 8BIT is
- * refused; no longer than the current line may grow when LONG_LINE is refused; no more than
- * room), copied to out. Returns its length; the caller has checked that no CR is held and
+/* The fast path: the longest stretch of p[0..n) (no more than room) that goes out verbatim,
+ * copied to out with one memcpy: runs of plain octets (not above 127 either when 8BIT is
+ * refused; no line longer than 998 when LONG_LINE is refused) and the CRLFs between them, up
+ * to a line-start dot under DATA, a bare CR or LF, a NUL or a refused octet, which the caller
+ * encodes one at a time. Returns its length; the caller has checked that no CR is held and
  * that p[0] is not a line-start dot under DATA. */
 static size_t stuff_run(smtpe__stuffer *st, const uint8_t *p, size_t n, uint8_t *out,
                         size_t room)
 {
     uint64_t high = 0;
-    size_t k, lim = n < room ? n : room;
-    if ((st->refuse_mask & SMTPE_CONTENT_LONG_LINE) && lim > LINE_TEXT_MAX - st->line_len)
-        lim = LINE_TEXT_MAX - st->line_len; /* line_len <= 998 here: the 999th was refused */
-    if (st->refuse_mask & SMTPE_CONTENT_8BIT)
-        k = plain_run(p, lim, &high, 1);
-    else
-        k = plain_run(p, lim, &high, 0);
-    if (k == 0)
+    size_t i = 0, lim = n < room ? n : room;
+    int long_lines = (st->refuse_mask & SMTPE_CONTENT_LONG_LINE) != 0;
+    int stop8 = (st->refuse_mask & SMTPE_CONTENT_8BIT) != 0;
+    int dots = st->mode == SMTPE__STUFF_DATA;
+    uint32_t line_len = st->line_len;
+    for (;;) {
+        size_t k, run_lim = lim - i;
+        if (long_lines && run_lim > LINE_TEXT_MAX - line_len)
+            run_lim = LINE_TEXT_MAX - line_len; /* line_len <= 998: the 999th was refused */
+        k = stop8 ? plain_run(p + i, run_lim, &high, 1) : plain_run(p + i, run_lim, &high, 0);
+        i += k;
+        line_len = line_grow(line_len, k);
+        if (k > 0)
+            st->at_line_start = 0;
+        /* a CRLF inside the stretch, unless a line-start dot follows it (or may: the end) */
+        if (lim - i >= 3 && p[i] == '\r' && p[i + 1] == '\n' && !(dots && p[i + 2] == '.')) {
+            i += 2;
+            if (line_len > LINE_TEXT_MAX)
+                st->seen |= SMTPE_CONTENT_LONG_LINE;
+            line_len = 0;
+            st->at_line_start = 1;
+            continue;
+        }
+        break;
+    }
+    if (i == 0)
         return 0;
-    memcpy(out, p, k);
+    memcpy(out, p, i);
     if (high & HIGHS)
         st->seen |= SMTPE_CONTENT_8BIT;
-    st->line_len = line_grow(st->line_len, k);
-    if (st->line_len > LINE_TEXT_MAX)
+    if (line_len > LINE_TEXT_MAX)
         st->seen |= SMTPE_CONTENT_LONG_LINE;
-    st->at_line_start = 0;
-    st->ended_crlf = 0;
-    return k;
+    st->line_len = line_len;
+    st->ended_crlf = st->at_line_start;
+    return i;
 }
 
 size_t smtpe__stuff_encode(smtpe__stuffer *st, const uint8_t *p, size_t n, uint8_t *out,

@@ -175,6 +175,20 @@ static int rp_octet(smtpe__reply_parser *p, uint8_t c)
     return r;
 }
 
+/* The length of the run at in[0..n) that rp_octet would take as text, octet by octet, with
+ * no other effect: no CR, LF or NUL, and within the line's cap and the reply's max_total. */
+static size_t text_run(const smtpe__reply_parser *p, const uint8_t *in, size_t n)
+{
+    size_t lim = n, k = 0;
+    if (p->cap - p->len < lim)
+        lim = p->cap - p->len;
+    if (p->max_total - p->total < lim)
+        lim = p->max_total - p->total;
+    while (k < lim && in[k] != '\r' && in[k] != '\n' && in[k] != 0)
+        k++;
+    return k;
+}
+
 int smtpe__reply_feed(smtpe__reply_parser *p, const uint8_t *in, size_t n, size_t *used)
 {
     *used = 0;
@@ -187,7 +201,19 @@ int smtpe__reply_feed(smtpe__reply_parser *p, const uint8_t *in, size_t n, size_
         smtpe__reply_parser_start(p);
     }
     for (size_t i = 0; i < n; i++) {
-        int r = rp_octet(p, in[i]);
+        int r;
+        if (p->state == RP_IN_LINE && p->len >= 4) {
+            /* the text of a line: the octets rp_octet would take one by one (neither CR, LF
+             * nor NUL, within cap and max_total) are taken as a run */
+            size_t k = text_run(p, in + i, n - i);
+            memcpy(p->buf + p->len, in + i, k);
+            p->len += k;
+            p->total += k;
+            i += k;
+            if (i == n)
+                break;
+        }
+        r = rp_octet(p, in[i]);
         if (r == SMTPE__RP_MORE)
             continue;
         *used = i + 1;
