@@ -132,6 +132,8 @@ struct smtpe_client {
     smtpe_client_caps caps;
     uint8_t auth_line[CAP_LINE_MAX], xclient_line[CAP_LINE_MAX], xforward_line[CAP_LINE_MAX];
     int stage_enhanced; /* parse enhanced status codes (ENHANCEDSTATUSCODES offered) */
+    unsigned auth_offered; /* bit 1 << SMTPE_SASL_* for the engine-run mechanisms offered */
+    int auth_cfg_offered;  /* cfg.auth_mechanism is in the AUTH line (however long it is) */
 
     /* AUTH */
     int auth_mech, auth_state;
@@ -238,7 +240,7 @@ static int config_latest(int config_version, const smtpe_client_config *cfg,
     return 1;
 }
 
-/* 1 if t is NUL-terminated within max octets and holds no control octet. */
+/* 1 if t is at most max octets (before its NUL) and holds no control octet. */
 static int clean_string(const char *t, size_t max)
 {
     size_t n = 0;
@@ -308,15 +310,15 @@ static int config_strings_valid(const smtpe_client_config *c)
     if (!params_valid(c->xclient, c->xclient_count))
         return 0;
     if (c->auth_mechanism) {
-        if (!clean_string(c->auth_mechanism, 21))
+        if (!clean_string(c->auth_mechanism, 20)) /* RFC 4422 §3.1 */
             return 0;
-        if (c->auth_user && !clean_string(c->auth_user, 256))
+        if (c->auth_user && !clean_string(c->auth_user, 255))
             return 0;
-        if (c->auth_authzid && !clean_string(c->auth_authzid, 256))
+        if (c->auth_authzid && !clean_string(c->auth_authzid, 255))
             return 0;
-        if (c->auth_password && !clean_string(c->auth_password, 256))
+        if (c->auth_password && !clean_string(c->auth_password, 255))
             return 0;
-        if (c->auth_token && !clean_string(c->auth_token, TOKEN_MAX + 1))
+        if (c->auth_token && !clean_string(c->auth_token, TOKEN_MAX))
             return 0;
     }
     return 1;
@@ -557,14 +559,14 @@ static void txn_clear(smtpe_client *c)
  * §4.5.3.2.6), else temporary; code and text from the reply that ended it, if one did. Queues
  * TRANSACTION_DONE (not reusable). */
 static void fail_open_txn(smtpe_client *c, unsigned code, smtpe_span text, int local,
-                          int outcome)
+                          int outcome, uint64_t sent)
 {
     smtpe_span none = {NULL, 0};
     if (!c->txn || (!c->tx_active && !c->tx_pending))
         return;
     if (outcome)
         ;
-    else if (c->end_queued && c->acked >= c->end_at && !code)
+    else if (c->end_queued && sent >= c->end_at && !code)
         outcome = SMTPE_OUTCOME_UNKNOWN;
     else if (code / 100 == 5)
         outcome = SMTPE_OUTCOME_PERMANENT;
@@ -576,13 +578,29 @@ static void fail_open_txn(smtpe_client *c, unsigned code, smtpe_span text, int l
     c->content = CT_NONE;
 }
 
+/* Drops the output the host has not been handed yet (the octets it has stay stable). */
+static void out_drop_unhanded(smtpe_client *c)
+{
+    size_t keep = (size_t)(c->handed - c->acked); /* a prefix of run A */
+    c->a_end = c->a_off + keep;
+    c->b_end = 0;
+    c->written = c->handed;
+}
+
 static void close_session(smtpe_client *c, int reason, unsigned code, smtpe_span text,
                           int outcome)
 {
     qent *e;
     if (c->phase == PH_CLOSED)
         return;
-    fail_open_txn(c, code, text, code == 0, outcome);
+    /* an end of the content the host has not been handed never goes: a recipient reported
+     * temporary must not be delivered by what the host sends before it closes */
+    int gone = reason == SMTPE_CLOSE_LOST || reason == SMTPE_CLOSE_QUIT;
+    if (c->end_queued && c->handed < c->end_at && !gone)
+        out_drop_unhanded(c);
+    /* the end of the content went out if the host wrote it (the connection is gone) or may
+     * still write it (it was handed out) */
+    fail_open_txn(c, code, text, code == 0, outcome, gone ? c->acked : c->handed);
     c->phase = PH_CLOSED;
     c->content = CT_NONE;
     e = q_push(c, Q_EVENT);
@@ -939,7 +957,7 @@ static int auth_choose(smtpe_client *c)
     const smtpe_client_config *k = &c->cfg;
     if (k->auth_mechanism[0]) {
         c->auth_mech = mech_id(k->auth_mechanism);
-        if (!list_has(c->caps.auth, k->auth_mechanism))
+        if (!c->auth_cfg_offered)
             return -1;
         if ((c->auth_mech == SMTPE_SASL_PLAIN || c->auth_mech == SMTPE_SASL_LOGIN) &&
             (!k->auth_user || !k->auth_password))
@@ -955,7 +973,7 @@ static int auth_choose(smtpe_client *c)
         int m = order[i];
         int creds = m >= SMTPE_SASL_XOAUTH2 ? k->auth_user && k->auth_token
                                             : k->auth_user && k->auth_password;
-        if (creds && list_has(c->caps.auth, mech_name(m))) {
+        if (creds && (c->auth_offered & (1u << m))) {
             c->auth_mech = m;
             return 0;
         }
@@ -1075,7 +1093,7 @@ static void setup_next(smtpe_client *c)
                            span_of("AUTH without TLS is not allowed"), SMTPE_OUTCOME_TEMPORARY);
             return;
         }
-        if (c->caps.auth.len == 0 || auth_choose(c) < 0) {
+        if (auth_choose(c) < 0) {
             quit_and_close(c, SMTPE_CLOSE_AUTH_FAILED, 0,
                            span_of("the server offers no usable AUTH mechanism"),
                            SMTPE_OUTCOME_TEMPORARY);
@@ -1112,6 +1130,29 @@ static smtpe_span keep_line(uint8_t *buf, smtpe_span v)
     return out;
 }
 
+/* Notes which mechanisms the AUTH line's list v offers (RFC 4954 §3). */
+static void auth_note_offered(smtpe_client *c, smtpe_span v)
+{
+    size_t i = 0;
+    while (i < v.len) {
+        size_t j = i;
+        char name[24];
+        while (j < v.len && v.ptr[j] != ' ')
+            j++;
+        if (j - i > 0 && j - i < sizeof name) {
+            memcpy(name, v.ptr + i, j - i);
+            name[j - i] = '\0';
+            if (mech_id(name) != SMTPE_SASL_OTHER)
+                c->auth_offered |= 1u << mech_id(name);
+            if (c->cfg.auth_mechanism && c->cfg.auth_mechanism[0] &&
+                strlen(c->cfg.auth_mechanism) == j - i &&
+                smtpe__has_prefix_ci(v.ptr + i, j - i, c->cfg.auth_mechanism))
+                c->auth_cfg_offered = 1;
+        }
+        i = j + 1;
+    }
+}
+
 /* One EHLO keyword line (RFC 5321 §4.1.1.1: ehlo-keyword [SP ehlo-param ...]). */
 static void ehlo_keyword(smtpe_client *c, smtpe_span t)
 {
@@ -1139,6 +1180,7 @@ static void ehlo_keyword(smtpe_client *c, smtpe_span t)
     if (k == 4 && smtpe__has_prefix_ci(t.ptr, 4, "AUTH")) {
         if (c->caps.auth.len == 0 || t.ptr[4] == ' ') /* AUTH wins over the old AUTH= */
             c->caps.auth = keep_line(c->auth_line, v);
+        auth_note_offered(c, v); /* from the whole line: the kept copy may be cut */
         return;
     }
     for (size_t i = 0; i < sizeof known / sizeof *known; i++) {
@@ -1172,6 +1214,8 @@ static void caps_reset(smtpe_client *c)
     c->caps.tls = c->tls;
     c->caps.authenticated = c->authenticated;
     c->stage_enhanced = 0;
+    c->auth_offered = 0;
+    c->auth_cfg_offered = 0;
 }
 
 static int queue_xclient(smtpe_client *c);
@@ -1181,15 +1225,16 @@ static int queue_auth(smtpe_client *c);
 static void setup_send(smtpe_client *c)
 {
     char line[SMTPE__MAX_DOMAIN + 16];
-    int ok = 0;
-    switch (c->next) {
+    int ok = 0, step = c->next;
+    c->next = NEXT_NONE; /* a step may set the next one itself (XCLIENT with nothing to send) */
+    switch (step) {
     case NEXT_EHLO:
     case NEXT_HELO: {
         wr w = {(uint8_t *)line, 0, sizeof line, 0};
-        w_str(&w, c->next == NEXT_HELO ? "HELO " : c->cfg.lmtp ? "LHLO " : "EHLO ");
+        w_str(&w, step == NEXT_HELO ? "HELO " : c->cfg.lmtp ? "LHLO " : "EHLO ");
         w_str(&w, c->cfg.helo_name);
         w_str(&w, "\r\n");
-        ok = queue_line(c, c->next == NEXT_HELO ? K_HELO : K_EHLO, 0, (uint8_t *)line, w.len);
+        ok = queue_line(c, step == NEXT_HELO ? K_HELO : K_EHLO, 0, (uint8_t *)line, w.len);
         break;
     }
     case NEXT_STARTTLS:
@@ -1206,8 +1251,8 @@ static void setup_send(smtpe_client *c)
     default:
         return;
     }
-    if (ok)
-        c->next = NEXT_NONE;
+    if (!ok)
+        c->next = step; /* no room yet: again after the next send_ack */
 }
 
 /* ---- XCLIENT (Postfix XCLIENT_README) ---- */
@@ -1996,6 +2041,10 @@ static void on_reply(smtpe_client *c)
         return;
     }
     kind = c->sent[c->sent_head].kind;
+    if (code == 421 && kind != K_QUIT && kind != K_DOT && kind != K_BDAT_LAST) {
+        close_session(c, SMTPE_CLOSE_SERVER_421, code, rest, 0); /* RFC 5321 §3.8: any time */
+        return;
+    }
     if ((int32_t)(c->sent[c->sent_head].end - (uint32_t)c->handed) > 0) {
         /* not all of it was handed to the host: the server cannot have read it */
         protocol_error(c, "a reply to a command not yet sent");
@@ -2006,9 +2055,19 @@ static void on_reply(smtpe_client *c)
         return;
     }
     c->restart = 1;
-    if ((kind == K_DOT || kind == K_BDAT_LAST) && code != 421) {
+    if (kind == K_DOT || kind == K_BDAT_LAST) {
         if (kind == K_BDAT_LAST)
             c->bdat_out = 0;
+        if (code == 421) { /* this recipient's reply; no reply will come for the others */
+            if (c->cfg.lmtp && !c->tx_failed) {
+                on_end(c, code, enh, rest);
+                smtpe_span none = {NULL, 0};
+                q_run(c, 0, c->txn->rcpt_count, 1, SMTPE_OUTCOME_UNKNOWN, 0, none,
+                      span_of("no reply after a 421 among the LMTP replies"), 1);
+            }
+            close_session(c, SMTPE_CLOSE_SERVER_421, code, rest, 0);
+            return;
+        }
         if (!on_end(c, code, enh, rest))
             return; /* LMTP: more replies to come for this command */
         sent_pop(c);
@@ -2017,10 +2076,6 @@ static void on_reply(smtpe_client *c)
         return;
     }
     cmd = sent_pop(c);
-    if (code == 421 && kind != K_QUIT) {
-        close_session(c, SMTPE_CLOSE_SERVER_421, code, rest, 0);
-        return;
-    }
     switch (kind) {
     case K_GREETING: on_greeting(c, code, rest); break;
     case K_EHLO:
@@ -2108,8 +2163,12 @@ static void advance(smtpe_client *c)
 {
     if (c->phase == PH_CLOSED)
         return;
-    if (c->next != NEXT_NONE)
-        setup_send(c);
+    for (int k = 0; k < 4 && c->next != NEXT_NONE && c->phase != PH_CLOSED; k++) {
+        int before = c->next;
+        setup_send(c); /* a step may lead straight to the next (XCLIENT with nothing to send) */
+        if (c->next == before)
+            break; /* no room yet */
+    }
     if (c->phase == PH_CLOSED)
         return;
     if (c->auth_step_ready && out_pending(c) == 0 && c->q_count == 0) {
