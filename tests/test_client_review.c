@@ -5,9 +5,11 @@
  * outcomes, content encoding across pieces and the output ring, unknown versus temporary,
  * timeouts, want flags, memory at its formula, API misuse and bad strings.
  *
- * Tests marked "BUG:" show a fault found in review; they are skipped unless the environment
- * has SMTPE_REVIEW_BUGS=1 (so the suite stays green while the fault is open), and then fail
- * until it is fixed. Every other test passes today and guards a property that must hold.
+ * Tests marked "BUG:" show a fault found in review that is still open; they are skipped
+ * unless the environment has SMTPE_REVIEW_BUGS=1 (so the suite stays green while the fault is
+ * open), and then fail until it is fixed. Tests marked "FIXED:" showed a fault that has been
+ * fixed since (the commit is named); they run always and guard against its return. Every
+ * other test guards a property that must hold.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -28,9 +30,9 @@
     "250 ENHANCEDSTATUSCODES\r\n"
 #define EHLO "EHLO client.example\r\n"
 
-static const char *const ONE[] __attribute__((unused)) = {"bob@example.org"};
-static const char *const TWO[] __attribute__((unused)) = {"a@example.org", "b@example.org"};
-static const char *const THREE[] __attribute__((unused)) = {"a@example.org", "b@example.org", "c@example.org"};
+static const char *const ONE[] = {"bob@example.org"};
+static const char *const TWO[] = {"a@example.org", "b@example.org"};
+static const char *const THREE[] = {"a@example.org", "b@example.org", "c@example.org"};
 static const uint8_t MSG[] = "Subject: t\r\n\r\nhello\r\n";
 
 #define OUT(h, s) assert_string_equal(ch_take_out(h), s)
@@ -70,7 +72,7 @@ static void open_ok(ch *h)
 }
 
 /* Counts the occurrences of needle in hay. */
-__attribute__((unused)) static size_t count_of(const char *hay, const char *needle)
+static size_t count_of(const char *hay, const char *needle)
 {
     size_t n = 0;
     for (const char *p = hay; (p = strstr(p, needle)) != NULL; p += strlen(needle))
@@ -82,7 +84,8 @@ __attribute__((unused)) static size_t count_of(const char *hay, const char *need
 
 /* ==== setup: XCLIENT, AUTH, STARTTLS ================================================== */
 
-/* BUG: XCLIENT offered, but none of the configured attributes is in the server's list, with
+/* FIXED (e97559e), found in review as a bug:
+ * XCLIENT offered, but none of the configured attributes is in the server's list, with
  * AUTH wanted: queue_xclient() calls setup_next() (which sets next = NEXT_AUTH) and returns 1,
  * and setup_send() then overwrites next with NEXT_NONE. Nothing is ever sent again: no AUTH,
  * no READY, no timer (smtpe_client_expiry says UINT64_MAX) - a stall forever. Expected: the
@@ -104,10 +107,9 @@ static void sc_xclient_unlisted_then_auth(ch *h)
     OUT(h, "AUTH PLAIN AHUAcA==\r\n");
 }
 
-static void test_bug_xclient_unlisted_stalls_auth(void **st)
+static void test_fixed_xclient_unlisted_stalls_auth(void **st)
 {
     (void)st;
-    KNOWN_BUG();
     run3(sc_xclient_unlisted_then_auth);
 }
 
@@ -182,15 +184,15 @@ static void test_starttls_inject_later_call(void **st)
 
 /* ==== replies matched to commands ===================================================== */
 
-/* BUG: RFC 5321 §3.8 lets a server send 421 at any time. A 421 that arrives while the
+/* FIXED (e97559e), found in review as a bug:
+ * RFC 5321 §3.8 lets a server send 421 at any time. A 421 that arrives while the
  * client's commands are queued but not yet handed out by send_buf (the host has not written
  * yet: a server idle timeout racing a submit) is reported as a protocol error ("a reply to
  * a command not yet sent", code 0) instead of SMTPE_CLOSE_SERVER_421 with the 421 on the
  * recipients (it is, when nothing at all is queued: sc_unsolicited_421 in test_client). */
-static void test_bug_421_before_commands_handed(void **st)
+static void test_fixed_421_before_commands_handed(void **st)
 {
     (void)st;
-    KNOWN_BUG();
     ch h;
     smtpe_client_event ev;
     ch_init(&h);
@@ -978,12 +980,6 @@ static void run_fail_case(const fail_case *fc, size_t feed_max, size_t write_max
         return;
     }
     assert_int_equal(m.last_done.reusable, 1);
-    if (m.srv.transactions > 0 && !bugs_enabled()) {
-        /* BUG (test_bug_second_transaction_done_without_outcomes): after an answered end of
-         * content the next transaction is broken; checked only with SMTPE_REVIEW_BUGS=1 */
-        sim_free(&m);
-        return;
-    }
     assert_int_equal(sim_submit(&m, 1), 0);
     m.quit_after = 2;
     sim_run(&m);
@@ -1009,7 +1005,8 @@ static void test_pipeline_failure_every_position(void **st)
 
 /* ==== several transactions on one connection ============================================ */
 
-/* BUG: txn_clear() does not reset end_replied, so after one delivered message the next
+/* FIXED (55b30bb), found in review as a bug:
+ * txn_clear() does not reset end_replied, so after one delivered message the next
  * transaction on the same connection is declared done (TRANSACTION_DONE with 0/0/0/0, no
  * OUTCOME at all) as soon as its DATA gets 354: its content is never sent, and the server's
  * reply to the next command desynchronises the session ("a reply with no command
@@ -1035,18 +1032,16 @@ static void sc_two_messages(ch *h)
     }
 }
 
-static void test_bug_second_transaction_done_without_outcomes(void **st)
+static void test_fixed_second_transaction_done_without_outcomes(void **st)
 {
     (void)st;
-    KNOWN_BUG();
     run3(sc_two_messages);
 }
 
 /* The same through BDAT and under LMTP. */
-static void test_bug_second_transaction_bdat_lmtp(void **st)
+static void test_fixed_second_transaction_bdat_lmtp(void **st)
 {
     (void)st;
-    KNOWN_BUG();
     for (int lmtp = 0; lmtp <= 1; lmtp++)
         for (int bdat = 0; bdat <= 1; bdat++) {
             sim m;
@@ -1219,8 +1214,6 @@ static void check_temporary_or_unknown(raw *r, size_t i)
     if (r->outcomes[i] == SMTPE_OUTCOME_UNKNOWN)
         return;
     assert_int_equal(r->outcomes[i], SMTPE_OUTCOME_TEMPORARY);
-    if (!bugs_enabled()) /* BUG: test_bug_closed_with_end_of_data_queued */
-        return;
     if (rest_completes_content(r))
         fail_msg("recipient %zu reported temporary, the end of the content still queued", i);
 }
@@ -1544,14 +1537,14 @@ static void test_bad_config_strings(void **st)
     }
 }
 
-/* BUG: smtpe.h says the AUTH strings are "at most 255 octets" (and a SASL mechanism name is
+/* FIXED (e97559e), found in review as a bug:
+ * smtpe.h says the AUTH strings are "at most 255 octets" (and a SASL mechanism name is
  * at most 20 characters, RFC 4422 §3.1), but clean_string(t, max) lets through strings of
  * exactly max octets: a 256-octet auth_user/password/authzid and a 21-character
  * auth_mechanism are accepted (and the token limit is 8193, not 8192). */
-static void test_bug_auth_string_limits_off_by_one(void **st)
+static void test_fixed_auth_string_limits_off_by_one(void **st)
 {
     (void)st;
-    KNOWN_BUG();
     static char big[300], mech[40];
     smtpe_client_config cfg;
     smtpe_client *c = NULL;
@@ -2106,7 +2099,8 @@ static void test_auth_hostile(void **st)
     }
 }
 
-/* BUG: an EHLO AUTH line is kept to 256 octets, cut at a word (keep_line, CAP_LINE_MAX), so
+/* FIXED (e97559e), found in review as a bug:
+ * an EHLO AUTH line is kept to 256 octets, cut at a word (keep_line, CAP_LINE_MAX), so
  * a server that lists many mechanisms before the one configured (RFC 4954 §3 puts no limit
  * on the list; the line is within max_reply_line) is told "the server offers no usable AUTH
  * mechanism" and the session ends with SMTPE_CLOSE_AUTH_FAILED although it offers it.
@@ -2130,10 +2124,9 @@ static void sc_long_auth_line(ch *h)
     OUT(h, "AUTH PLAIN AHUAcA==\r\n");
 }
 
-static void test_bug_long_auth_line_truncated(void **st)
+static void test_fixed_long_auth_line_truncated(void **st)
 {
     (void)st;
-    KNOWN_BUG();
     run3(sc_long_auth_line);
 }
 
@@ -2331,11 +2324,7 @@ static void chaos_session(uint32_t seed, int lmtp, int bdat, size_t n_rcpt)
     memset(&x, 0, sizeof x);
     x.seed = seed;
     chaos_extra = 0;
-    /* BUG (test_bug_closed_with_end_of_data_queued): a host that sends what is queued after
-     * CLOSED, as smtpe.h says, may deliver a message reported temporary; checked only with
-     * SMTPE_REVIEW_BUGS=1 */
     sim_init(m, seed);
-    m->no_flush = !bugs_enabled();
     g_case = "chaos";
     size_t len = tricky_content(content, 100 + rnd(&x.seed) % 2800, seed);
     m->content = content;
@@ -2357,10 +2346,6 @@ static void chaos_session(uint32_t seed, int lmtp, int bdat, size_t n_rcpt)
         rcpt_r[i] = chaos_pick(&x.seed, "250 ok\r\n");
         m->srv.rcpt[i] = rcpt_r[i];
         end_r[i] = chaos_pick(&x.seed, "250 2.0.0 queued\r\n");
-        /* BUG (test_bug_lmtp_421_in_series_not_unknown): checked only with
-         * SMTPE_REVIEW_BUGS=1 */
-        while (lmtp && !bugs_enabled() && !strncmp(end_r[i], "421", 3))
-            end_r[i] = chaos_pick(&x.seed, "250 2.0.0 queued\r\n");
         m->srv.end[i] = end_r[i];
     }
     m->srv.data = rnd(&x.seed) % 2 ? NULL : chaos_pick(&x.seed, "354 go\r\n");
@@ -2439,7 +2424,8 @@ static void test_chaos(void **st)
         chaos_session(seed * 2654435761u, seed % 3 == 0, seed % 2 == 0, 1 + seed % 5);
 }
 
-/* BUG: the session closes (a protocol error, a timeout) while the end of the content - the
+/* FIXED (e97559e), found in review as a bug:
+ * the session closes (a protocol error, a timeout) while the end of the content - the
  * final ".\r\n" or BDAT LAST - is queued but not yet sent, and reports the recipients
  * TEMPORARY (fail_open_txn: acked < end_at), yet it keeps that end queued: send_buf still
  * hands it out and want() says WRITE, and smtpe.h tells the host "close the connection once
@@ -2487,25 +2473,24 @@ static void check_no_end_after_temporary(int bdat, int how)
     raw_free(&r);
 }
 
-static void test_bug_closed_with_end_of_data_queued(void **st)
+static void test_fixed_closed_with_end_of_data_queued(void **st)
 {
     (void)st;
-    KNOWN_BUG();
     for (int bdat = 0; bdat <= 1; bdat++)
         for (int how = 0; how <= 1; how++)
             check_no_end_after_temporary(bdat, how);
 }
 
-/* BUG: LMTP (RFC 2033 §4.2) answers the end of the content with one reply per accepted
+/* FIXED (e97559e), found in review as a bug:
+ * LMTP (RFC 2033 §4.2) answers the end of the content with one reply per accepted
  * recipient. When one of them is a 421, the session ends (right), but every recipient whose
  * reply was never read is reported TEMPORARY with code 421 (fail_open_txn: a code given
  * means temporary) although the whole message was sent and the server may deliver to them:
  * they are UNKNOWN (RFC 5321 §4.5.3.2.6; smtpe.h SMTPE_OUTCOME_UNKNOWN: "the end of the
  * content was sent but no verdict came"). A host retrying them duplicates the message. */
-static void test_bug_lmtp_421_in_series_not_unknown(void **st)
+static void test_fixed_lmtp_421_in_series_not_unknown(void **st)
 {
     (void)st;
-    KNOWN_BUG();
     raw r;
     raw_init(&r);
     r.cfg.lmtp = 1;
@@ -2711,18 +2696,18 @@ static void test_bug_rset_refused_after_bdat_last_sent(void **st)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bug_xclient_unlisted_stalls_auth),
+        cmocka_unit_test(test_fixed_xclient_unlisted_stalls_auth),
         cmocka_unit_test(test_xclient_unlisted_ready),
         cmocka_unit_test(test_xclient_listed_only),
         cmocka_unit_test(test_starttls_inject_later_call),
-        cmocka_unit_test(test_bug_421_before_commands_handed),
+        cmocka_unit_test(test_fixed_421_before_commands_handed),
         cmocka_unit_test(test_content_every_piece_size),
         cmocka_unit_test(test_content_small_cases),
         cmocka_unit_test(test_content_ring_wraps),
         cmocka_unit_test(test_content_fills_ring),
         cmocka_unit_test(test_pipeline_failure_every_position),
-        cmocka_unit_test(test_bug_second_transaction_done_without_outcomes),
-        cmocka_unit_test(test_bug_second_transaction_bdat_lmtp),
+        cmocka_unit_test(test_fixed_second_transaction_done_without_outcomes),
+        cmocka_unit_test(test_fixed_second_transaction_bdat_lmtp),
         cmocka_unit_test(test_lost_after_dot_acked_is_unknown),
         cmocka_unit_test(test_lost_after_bdat_last_is_unknown),
         cmocka_unit_test(test_protocol_error_after_dot_is_unknown),
@@ -2731,7 +2716,7 @@ int main(void)
         cmocka_unit_test(test_timeout_per_stage),
         cmocka_unit_test(test_timeout_host_owes),
         cmocka_unit_test(test_bad_config_strings),
-        cmocka_unit_test(test_bug_auth_string_limits_off_by_one),
+        cmocka_unit_test(test_fixed_auth_string_limits_off_by_one),
         cmocka_unit_test(test_bad_transaction_strings),
         cmocka_unit_test(test_bad_paths),
         cmocka_unit_test(test_null_session),
@@ -2742,15 +2727,15 @@ int main(void)
         cmocka_unit_test(test_max_recipients_boundaries),
         cmocka_unit_test(test_memory_formula),
         cmocka_unit_test(test_auth_hostile),
-        cmocka_unit_test(test_bug_long_auth_line_truncated),
+        cmocka_unit_test(test_fixed_long_auth_line_truncated),
         cmocka_unit_test(test_lmtp_reply_counts),
         cmocka_unit_test(test_lmtp_lone_dot),
         cmocka_unit_test(test_reply_mid_content),
         cmocka_unit_test(test_reply_before_dot_handed),
         cmocka_unit_test(test_greeting_and_forged_ehlo),
         cmocka_unit_test(test_chaos),
-        cmocka_unit_test(test_bug_closed_with_end_of_data_queued),
-        cmocka_unit_test(test_bug_lmtp_421_in_series_not_unknown),
+        cmocka_unit_test(test_fixed_closed_with_end_of_data_queued),
+        cmocka_unit_test(test_fixed_lmtp_421_in_series_not_unknown),
         cmocka_unit_test(test_starttls_injection_correct_host),
         cmocka_unit_test(test_implicit_tls),
         cmocka_unit_test(test_lockstep_every_failure),
