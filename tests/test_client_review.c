@@ -288,6 +288,11 @@ typedef struct sim_server {
                                      RCPT after a refused MAIL and DATA/BDAT after every RCPT
                                      was refused, when all the replies were read */
     int bdat_refused;             /* it refused a BDAT of this transaction */
+    const char *starttls, *auth, *xclient; /* replies (default 220, 235, 220) */
+    int tls;                      /* its STARTTLS 220 went out: TLS is up from there */
+    int want_ehlo;                /* after STARTTLS or XCLIENT: EHLO must come first */
+    int no_clear_auth;            /* AUTH before TLS is a violation (and MAIL, no_clear_mail) */
+    int no_clear_mail;
     int said_421;                 /* it said 421: it has closed, whatever mode says later */
     obuf line, msg, to_client, commands;
     int violations; /* bare CR/LF, a lone dot outside DATA, octets after QUIT */
@@ -345,6 +350,13 @@ static void srv_command(sim_server *s, const char *l)
         srv_violation(s, "DATA or BDAT after every RCPT was refused");
     if (!strncmp(l, "BDAT", 4) && s->bdat_refused)
         srv_violation(s, "BDAT after a refused BDAT (RFC 3030 §2)");
+    if (s->want_ehlo && strncmp(l, "EHLO ", 5) && strncmp(l, "LHLO ", 5) && strcmp(l, "QUIT"))
+        srv_violation(s, "not EHLO first after STARTTLS or XCLIENT (RFC 3207 §4.2)");
+    s->want_ehlo = 0;
+    if (!s->tls && s->no_clear_auth && !strncmp(l, "AUTH", 4))
+        srv_violation(s, "AUTH in clear");
+    if (!s->tls && s->no_clear_mail && !strncmp(l, "MAIL", 4))
+        srv_violation(s, "MAIL in clear with TLS required");
     if (!strncmp(l, "EHLO ", 5) || !strncmp(l, "LHLO ", 5)) {
         srv_reply(s, s->ehlo, CAPS);
     } else if (!strncmp(l, "HELO ", 5)) {
@@ -381,6 +393,20 @@ static void srv_command(sim_server *s, const char *l)
         if (*e && !s->bdat_last)
             srv_violation(s, "bad BDAT line");
         s->mode = 2;
+    } else if (!strcmp(l, "STARTTLS")) {
+        const char *r = s->starttls ? s->starttls : "220 2.0.0 go ahead\r\n";
+        srv_reply(s, r, NULL);
+        if (!strncmp(r, "220", 3))
+            s->tls = s->want_ehlo = 1;
+    } else if (!strncmp(l, "AUTH ", 5)) {
+        srv_reply(s, s->auth, "235 2.7.0 ok\r\n");
+    } else if (!strncmp(l, "XCLIENT ", 8)) {
+        const char *r = s->xclient ? s->xclient : "220 mx.example ESMTP\r\n";
+        srv_reply(s, r, NULL);
+        if (!strncmp(r, "220", 3))
+            s->want_ehlo = 1;
+    } else if (!strncmp(l, "XFORWARD ", 9)) {
+        srv_reply(s, NULL, "250 2.0.0 ok\r\n");
     } else if (!strcmp(l, "RSET")) {
         s->rcpt_i = s->accepted = 0;
         srv_reply(s, NULL, "250 2.0.0 ok\r\n");
@@ -513,6 +539,13 @@ typedef struct sim {
     int content_error;
     int quit_after; /* ask for QUIT after this many transactions (0: never) */
     int gone;       /* the connection is lost: nothing more is written */
+    int tls_due;    /* STARTTLS taken: feed what was read, then the "handshake" */
+    int check_delivered; /* at each DONE: delivered only if the server took it, and what it
+                            took is delivered or unknown */
+    int lies;       /* the server sent an extra reply: no matching can be right */
+    size_t submit_first; /* submit a first transaction of this many recipients at READY */
+    int quit_asked;      /* smtpe_client_quit returned 0 */
+    size_t submits;      /* transactions submitted (each owes one DONE) */
     int no_flush;   /* once CLOSED, write nothing more (else: send what is queued, as the
                        contract says, then close) */
     int more_txns;  /* transactions to submit after the first's DONE */
@@ -564,7 +597,10 @@ static int sim_submit(sim *m, size_t n)
     m->txn.rcpts = m->rcpts;
     m->txn.rcpt_count = n;
     m->content_at = 0;
-    return smtpe_client_submit(m->c, &m->txn);
+    int rc = smtpe_client_submit(m->c, &m->txn);
+    if (rc == 0)
+        m->submits++;
+    return rc;
 }
 
 static void sim_check_held(sim *m)
@@ -580,7 +616,19 @@ static int sim_events(sim *m)
     while (smtpe_client_next_event(m->c, &ev) == 1) {
         any = 1;
         switch (ev.type) {
-        case SMTPE_CEV_READY: m->ready++; break;
+        case SMTPE_CEV_READY:
+            m->ready++;
+            if (m->submit_first) {
+                int rc = sim_submit(m, m->submit_first);
+                /* refused only after QUIT was asked for or the session ended (smtpe.h) */
+                int over = m->quit_asked || (smtpe_client_want(m->c) & SMTPE_WANT_CLOSE);
+                if (rc != (over ? SMTPE_ERR_STATE : 0)) {
+                    fputs((const char *)m->srv.commands.p, stderr);
+                    fail_msg("%s: submit at READY: %d", g_case, rc);
+                }
+                m->submit_first = 0;
+            }
+            break;
         case SMTPE_CEV_CONTENT: m->content_events++; break;
         case SMTPE_CEV_OUTCOME: {
             char note[200];
@@ -602,6 +650,21 @@ static int sim_events(sim *m)
             assert_int_equal(ev.done.delivered + ev.done.permanent + ev.done.temporary +
                                  ev.done.unknown,
                              m->txn.rcpt_count);
+            for (size_t i = 0; m->check_delivered && !m->lies && i < m->txn.rcpt_count; i++) {
+                int o = m->outcomes[i];
+                if (o == SMTPE_OUTCOME_DELIVERED && !m->srv.delivered[i]) {
+                    fputs((const char *)m->srv.commands.p, stderr);
+                    fail_msg("%s: recipient %zu reported delivered, the server did not take it",
+                             g_case, i);
+                }
+                if (m->srv.delivered[i] && o != SMTPE_OUTCOME_DELIVERED &&
+                    o != SMTPE_OUTCOME_UNKNOWN) {
+                    fputs((const char *)m->srv.commands.p, stderr);
+                    fail_msg("%s: recipient %zu delivered by the server, reported %d", g_case,
+                             i, o);
+                }
+            }
+            memset(m->srv.delivered, 0, sizeof m->srv.delivered);
             m->last_done = ev.done;
             m->done++;
             if (m->more_txns > 0 && ev.done.reusable) {
@@ -614,7 +677,7 @@ static int sim_events(sim *m)
             m->closed++;
             m->last_closed = ev.closed;
             break;
-        case SMTPE_CEV_STARTTLS: smtpe_client_tls_started(m->c, m->now); break;
+        case SMTPE_CEV_STARTTLS: m->tls_due = 1; break;
         default: break;
         }
     }
@@ -664,8 +727,11 @@ static int sim_content(sim *m)
             return any;
         }
         m->content_at += (size_t)r;
-        if (r == 0 && n > 0)
-            fail_msg("WANT_CONTENT set but smtpe_client_content consumed nothing");
+        if (r == 0 && n > 0) {
+            fputs((const char *)m->srv.commands.p, stderr);
+            fail_msg("%s: WANT_CONTENT set but smtpe_client_content consumed nothing of %zu "
+                     "(last %d)", g_case, n, n == left);
+        }
         any = 1;
         sim_check_held(m);
         if ((size_t)r == n && n == left)
@@ -699,9 +765,23 @@ static int sim_round(sim *m)
     int any = 0;
     sim_check_held(m);
     any |= sim_events(m);
+    if (m->tls_due) { /* smtpe.h: feed what was already read, then run the handshake */
+        while (m->srv.to_client.len > 0 && sim_read(m))
+            sim_events(m);
+        m->tls_due = 0;
+        if (!m->closed && !m->srv.tls) { /* the server did not say 220: the handshake fails */
+            smtpe_client_lost(m->c);
+            m->gone = 1;
+        } else if (!m->closed) {
+            assert_int_equal(smtpe_client_tls_started(m->c, m->now), 0);
+        }
+        any = 1;
+    }
     if (m->submit_due) {
         m->submit_due = 0;
-        assert_int_equal(sim_submit(m, m->n_rcpt), 0);
+        if (sim_submit(m, m->n_rcpt) != 0 && !m->quit_asked &&
+            !(smtpe_client_want(m->c) & SMTPE_WANT_CLOSE))
+            fail_msg("%s: a next transaction refused on a reusable session", g_case);
         any = 1;
     }
     if (smtpe_client_want(m->c) & SMTPE_WANT_WRITE)
@@ -2318,9 +2398,11 @@ static void chaos_session(uint32_t seed, int lmtp, int bdat, size_t n_rcpt)
 {
     static chaos x;
     static uint8_t content[3000];
-    static const char *rcpt_r[SIM_MAX_RCPT], *end_r[SIM_MAX_RCPT];
+    static char ehlo[400];
+    static const smtpe_param xclient[] = {{SP("NAME"), SP("a+b")}, {SP("ADDR"), SP("1.2.3.4")}};
+    static const smtpe_param xforward[] = {{SP("NAME"), SP("c=d")}};
     sim *m = &x.m;
-    int rounds = 0;
+    int rounds = 0, starttls, auth, xcl, pipe;
     memset(&x, 0, sizeof x);
     x.seed = seed;
     chaos_extra = 0;
@@ -2335,43 +2417,76 @@ static void chaos_session(uint32_t seed, int lmtp, int bdat, size_t n_rcpt)
     m->cfg.lmtp = m->srv.lmtp = lmtp;
     m->cfg.output_buffer_size = 4096;
     m->cfg.max_unanswered = 512;
-    m->srv.ehlo = bdat ? "250-mx.example\r\n250-PIPELINING\r\n250 CHUNKING\r\n"
-                       : "250-mx.example\r\n250-PIPELINING\r\n250 ENHANCEDSTATUSCODES\r\n";
-    if (rnd(&x.seed) % 4 == 0) {
-        m->srv.ehlo = bdat ? "250-mx.example\r\n250 CHUNKING\r\n" : "250 mx.example\r\n";
-        m->srv.lockstep = 1; /* no PIPELINING */
+    /* the setup: STARTTLS, XCLIENT, AUTH, each maybe */
+    starttls = rnd(&x.seed) % 3 == 0;
+    xcl = rnd(&x.seed) % 4 == 0;
+    auth = rnd(&x.seed) % 3 == 0;
+    pipe = rnd(&x.seed) % 4 != 0;
+    snprintf(ehlo, sizeof ehlo, "250-mx.example\r\n%s%s%s%s%s250 ENHANCEDSTATUSCODES\r\n",
+             pipe ? "250-PIPELINING\r\n" : "", bdat ? "250-CHUNKING\r\n" : "",
+             starttls ? "250-STARTTLS\r\n" : "", auth ? "250-AUTH LOGIN PLAIN\r\n" : "",
+             xcl ? "250-XCLIENT NAME ADDR\r\n250-XFORWARD NAME\r\n" : "");
+    m->srv.ehlo = ehlo;
+    m->srv.lockstep = !pipe;
+    if (starttls) {
+        m->cfg.tls = rnd(&x.seed) % 2 ? SMTPE_TLS_REQUIRED : SMTPE_TLS_OPPORTUNISTIC;
+        m->srv.starttls = chaos_pick(&x.seed, "220 2.0.0 go\r\n");
+        m->srv.no_clear_mail = m->cfg.tls == SMTPE_TLS_REQUIRED;
+    }
+    if (auth) {
+        m->cfg.auth_mechanism = "PLAIN";
+        m->cfg.auth_user = "user";
+        m->cfg.auth_password = "pass";
+        m->cfg.auth_plaintext_ok = !starttls;
+        m->srv.no_clear_auth = starttls;
+        m->srv.auth = chaos_pick(&x.seed, "235 2.7.0 ok\r\n");
+    }
+    if (xcl) {
+        m->cfg.xclient = xclient;
+        m->cfg.xclient_count = 2;
+        m->srv.xclient = chaos_pick(&x.seed, "220 mx.example ESMTP\r\n");
+        m->txn.xforward = xforward;
+        m->txn.xforward_count = 1;
     }
     m->srv.mail = chaos_pick(&x.seed, "250 ok\r\n");
     for (size_t i = 0; i < n_rcpt; i++) {
-        rcpt_r[i] = chaos_pick(&x.seed, "250 ok\r\n");
-        m->srv.rcpt[i] = rcpt_r[i];
-        end_r[i] = chaos_pick(&x.seed, "250 2.0.0 queued\r\n");
-        m->srv.end[i] = end_r[i];
+        m->srv.rcpt[i] = chaos_pick(&x.seed, "250 ok\r\n");
+        m->srv.end[i] = chaos_pick(&x.seed, "250 2.0.0 queued\r\n");
     }
     m->srv.data = rnd(&x.seed) % 2 ? NULL : chaos_pick(&x.seed, "354 go\r\n");
     m->srv.bdat = chaos_pick(&x.seed, "250 ok\r\n");
-    if (bdat)
-        m->cfg.chunk_size = 1 + rnd(&x.seed) % 2000;
+    if (bdat) /* BUG (test_bug_small_chunk_size_stalls): from 4 until it is fixed */
+        m->cfg.chunk_size = (bugs_enabled() ? 1 : 4) + rnd(&x.seed) % 2000;
+    m->more_txns = (int)(rnd(&x.seed) % 3);
+    m->n_rcpt = 1 + rnd(&x.seed) % 3;
+    m->check_delivered = 1;
     sim_open(m);
-    assert_int_equal(sim_submit(m, n_rcpt), 0);
+    if (rnd(&x.seed) % 2) /* submitted before the greeting, or after READY */
+        assert_int_equal(sim_submit(m, n_rcpt), 0);
+    else
+        m->submit_first = n_rcpt;
     srv_reply(&m->srv, NULL, GREET);
     for (;;) {
         int any;
         uint32_t act = rnd(&x.seed) % 1000;
-        assert_true(++rounds < 2000000);
         char note[80];
+        assert_true(++rounds < 2000000);
+        m->lies = chaos_extra;
         note[0] = 0;
         if (act == 0 && !m->closed) {
             snprintf(note, sizeof note, "  H: lost %d\n", smtpe_client_lost(m->c));
             m->gone = 1;
-        }
-        else if (act == 1)
+        } else if (act == 1) {
             snprintf(note, sizeof note, "  H: expiry %d\n",
                      smtpe_client_handle_expiry(m->c, m->now + 100000000));
-        else if (act == 2)
+        } else if (act == 2) {
             snprintf(note, sizeof note, "  H: abort %d\n", smtpe_client_abort_content(m->c));
-        else if (act == 3)
-            snprintf(note, sizeof note, "  H: quit %d\n", smtpe_client_quit(m->c));
+        } else if (act == 3) {
+            int rc = smtpe_client_quit(m->c);
+            snprintf(note, sizeof note, "  H: quit %d\n", rc);
+            if (rc == 0)
+                m->quit_asked = 1;
+        }
         ob_str(&m->srv.commands, note);
         any = sim_round(m);
         if (m->closed && !any)
@@ -2379,40 +2494,28 @@ static void chaos_session(uint32_t seed, int lmtp, int bdat, size_t n_rcpt)
         if (!any) {
             sim_check_idle(m);
             if (m->srv.to_client.len == 0) {
-                /* the server has nothing more to say: a timeout ends it */
+                /* the server has nothing more to say: a timeout ends it, or the host
+                 * closes an idle session */
                 uint64_t d = smtpe_client_expiry(m->c, m->now);
                 if (d == UINT64_MAX) {
                     smtpe_client_lost(m->c);
                     m->gone = 1;
-                } else
+                } else {
                     smtpe_client_handle_expiry(m->c, d);
+                }
             }
         }
     }
     sim_events(m);
     if (m->srv.violations && chaos_extra && strncmp(m->srv.why, "bare", 4) != 0)
         m->srv.violations = 0; /* an extra reply shifts every later one: the server's lie */
-    if (m->srv.violations && strcmp(m->srv.why, "octets after QUIT") != 0) {
+    if (m->srv.violations) {
         fputs((const char *)m->srv.commands.p, stderr);
         fail_msg("seed %u: server saw %s", seed, m->srv.why);
     }
-    if (m->srv.violations)
-        fail_msg("seed %u: octets after QUIT (%s)", seed, m->srv.commands.p);
-    assert_int_equal(m->done, 1);
-    for (size_t i = 0; i < n_rcpt; i++) {
-        assert_int_equal(m->n_outcomes[i], 1);
-        if (chaos_extra)
-            continue;
-        if (m->outcomes[i] == SMTPE_OUTCOME_DELIVERED && !m->srv.delivered[i])
-            fail_msg("seed %u: recipient %zu reported delivered, the server did not take it",
-                     seed, i);
-        if (m->srv.delivered[i] && m->outcomes[i] != SMTPE_OUTCOME_DELIVERED &&
-            m->outcomes[i] != SMTPE_OUTCOME_UNKNOWN)
-        {
-            fputs((const char *)m->srv.commands.p, stderr);
-            fail_msg("seed %u: recipient %zu delivered by the server, reported %d", seed, i,
-                     m->outcomes[i]);
-        }
+    if (m->done != m->submits) {
+        fputs((const char *)m->srv.commands.p, stderr);
+        fail_msg("seed %u: %zu transactions submitted, %zu done", seed, m->submits, m->done);
     }
     sim_free(m);
 }
@@ -2420,7 +2523,9 @@ static void chaos_session(uint32_t seed, int lmtp, int bdat, size_t n_rcpt)
 static void test_chaos(void **st)
 {
     (void)st;
-    for (uint32_t seed = 1; seed <= 3000; seed++)
+    const char *e = getenv("SMTPE_REVIEW_CHAOS"); /* more sessions, for a longer hunt */
+    uint32_t n = e ? (uint32_t)strtoul(e, NULL, 10) : 3000;
+    for (uint32_t seed = 1; seed <= n; seed++)
         chaos_session(seed * 2654435761u, seed % 3 == 0, seed % 2 == 0, 1 + seed % 5);
 }
 
@@ -2691,6 +2796,74 @@ static void test_bug_rset_refused_after_bdat_last_sent(void **st)
     assert_int_equal(r.outcomes[0], SMTPE_OUTCOME_UNKNOWN);
     raw_free(&r);
 }
+
+/* BUG: the 421 rule of e97559e (RFC 5321 §3.8: a 421 may come at any time, even before the
+ * host wrote the command it would answer) leaves out the end of the content: a 421 that
+ * arrives while the final dot (or BDAT LAST) is queued but not yet handed out is reported as
+ * SMTPE_CLOSE_PROTOCOL_ERROR ("a reply to a command not yet sent", code 0 on the recipients)
+ * instead of SMTPE_CLOSE_SERVER_421 with the 421. (The outcome, temporary, is right.) */
+static void test_bug_421_before_dot_handed(void **st)
+{
+    (void)st;
+    KNOWN_BUG();
+    for (int bdat = 0; bdat <= 1; bdat++) {
+        raw r;
+        raw_init(&r);
+        raw_ready(&r, bdat ? "250-mx\r\n250-PIPELINING\r\n250 CHUNKING\r\n" : CAPS, 1);
+        if (!bdat) {
+            raw_feed(&r, "250 ok\r\n250 ok\r\n354 go\r\n");
+        } else { /* a first chunk, answered, then the LAST one stays queued */
+            static uint8_t big[5000];
+            memset(big, 'b', sizeof big);
+            r.cfg.chunk_size = 0;
+            assert_true(smtpe_client_content(r.c, big, sizeof big, 0) > 0);
+            raw_write(&r, SIZE_MAX);
+            raw_feed(&r, "250 ok\r\n250 ok\r\n250 chunk ok\r\n");
+        }
+        assert_true(smtpe_client_content(r.c, (const uint8_t *)"x\r\n", 3, 1) == 3);
+        raw_feed(&r, "421 4.3.2 shutting down\r\n");
+        raw_events(&r);
+        assert_int_equal(r.outcomes[0], SMTPE_OUTCOME_TEMPORARY);
+        assert_int_equal(r.closed_reason, SMTPE_CLOSE_SERVER_421);
+        assert_int_equal(r.codes[0], 421);
+        raw_free(&r);
+    }
+}
+
+/* BUG: cfg.chunk_size may be 1..output_buffer_size - 64 (smtpe.h), but content_bdat caps the
+ * chunk's wire octets at chunk_size, and one content octet can need up to 4 wire octets
+ * (a line break is 2; a bare CR settled by a bare LF is 4). With chunk_size 1 a line break
+ * never fits: smtpe_client_content consumes nothing while SMTPE_WANT_CONTENT stays set, so a
+ * host that follows want() spins for ever (chunk_size 2 and 3 likewise for bare line ends).
+ * Expected: every allowed chunk_size delivers the content (smtpe.h: the engine "sends smaller
+ * chunks" when it must - or the range starts at 4). */
+static void test_bug_small_chunk_size_stalls(void **st)
+{
+    (void)st;
+    KNOWN_BUG();
+    static const char *const contents[] = {"a\r\nb\r\n", "\r\n", "x\n\ny", "\r\r\n\n.\r"};
+    for (size_t cs = 1; cs <= 4; cs++)
+        for (size_t i = 0; i < sizeof contents / sizeof *contents; i++) {
+            sim m;
+            obuf want = {0};
+            sim_init(&m, 9);
+            g_case = "small chunk_size";
+            m.cfg.chunk_size = cs;
+            m.srv.ehlo = "250-mx.example\r\n250-PIPELINING\r\n250 CHUNKING\r\n";
+            m.content = (const uint8_t *)contents[i];
+            m.content_len = strlen(contents[i]);
+            sim_open(&m);
+            assert_int_equal(sim_submit(&m, 1), 0);
+            sim_run(&m); /* fails on WANT_CONTENT with nothing consumed */
+            normalise(m.content, m.content_len, &want);
+            ob_put(&m.srv.msg, "", 0);
+            assert_int_equal(m.done, 1);
+            assert_int_equal(m.outcomes[0], SMTPE_OUTCOME_DELIVERED);
+            assert_string_equal((const char *)m.srv.msg.p, (const char *)want.p);
+            ob_free(&want);
+            sim_free(&m);
+        }
+}
 /* ==== main ============================================================================ */
 
 int main(void)
@@ -2740,6 +2913,8 @@ int main(void)
         cmocka_unit_test(test_implicit_tls),
         cmocka_unit_test(test_lockstep_every_failure),
         cmocka_unit_test(test_bug_rset_refused_after_bdat_last_sent),
+        cmocka_unit_test(test_bug_421_before_dot_handed),
+        cmocka_unit_test(test_bug_small_chunk_size_stalls),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
