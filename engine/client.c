@@ -528,10 +528,13 @@ static int run_next(smtpe_client *c, run *r, smtpe_client_event *ev)
     return 0;
 }
 
-static void q_done(smtpe_client *c)
+/* Queues TRANSACTION_DONE; reusable: whether the connection may carry another transaction,
+ * fixed now (so the event does not depend on what is parsed before the host takes it). */
+static void q_done(smtpe_client *c, int reusable)
 {
     qent *e = q_push(c, Q_DONE);
-    (void)e;
+    if (e)
+        e->ev.done.reusable = reusable;
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -564,16 +567,22 @@ static void fail_open_txn(smtpe_client *c, unsigned code, smtpe_span text, int l
     smtpe_span none = {NULL, 0};
     if (!c->txn || (!c->tx_active && !c->tx_pending))
         return;
-    if (outcome)
-        ;
-    else if (c->end_queued && sent >= c->end_at && !code)
+    if (c->end_queued && sent >= c->end_at) {
+        /* the end of the content went out and no reply to it decided these recipients:
+         * whatever ended the session, the server may have taken the message */
         outcome = SMTPE_OUTCOME_UNKNOWN;
+        if (code)
+            text = span_of("no reply to the end of the content");
+        code = 0;
+        local = 1;
+    } else if (outcome)
+        ;
     else if (code / 100 == 5)
         outcome = SMTPE_OUTCOME_PERMANENT;
     else
         outcome = SMTPE_OUTCOME_TEMPORARY;
     q_run(c, 0, c->txn->rcpt_count, 0, outcome, code, code ? c->reply_enh : none, text, local);
-    q_done(c);
+    q_done(c, 0);
     c->tx_active = c->tx_pending = 0;
     c->content = CT_NONE;
 }
@@ -596,7 +605,10 @@ static void close_session(smtpe_client *c, int reason, unsigned code, smtpe_span
     /* an end of the content the host has not been handed never goes: a recipient reported
      * temporary must not be delivered by what the host sends before it closes */
     int gone = reason == SMTPE_CLOSE_LOST || reason == SMTPE_CLOSE_QUIT;
-    if (c->end_queued && c->handed < c->end_at && !gone)
+    /* nothing the host has not been handed goes any more (the commands of a session given
+     * up, an end of content: a recipient reported temporary must not be delivered by what
+     * the host still sends); quit_and_close queues its QUIT after this */
+    if (!gone)
         out_drop_unhanded(c);
     /* the end of the content went out if the host wrote it (the connection is gone) or may
      * still write it (it was handed out) */
@@ -628,11 +640,11 @@ static void quit_and_close(smtpe_client *c, int reason, unsigned code, smtpe_spa
     int in_content = c->content != CT_NONE || c->end_queued;
     if (c->phase == PH_CLOSED)
         return;
+    close_session(c, reason, code, text, outcome);
     if (!in_content && (p = out_reserve(c, 6, &room, &to_b))) {
         memcpy(p, "QUIT\r\n", 6);
         out_commit(c, to_b, 6);
     }
-    close_session(c, reason, code, text, outcome);
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -1534,7 +1546,7 @@ static void txn_start(smtpe_client *c)
                        span_of(r->enhanced), span_of(r->text), 1);
         if (q)
             q->before_mail = 1;
-        q_done(c);
+        q_done(c, 1);
         return;
     }
     c->tx_active = 1;
@@ -1668,7 +1680,7 @@ static void txn_check_done(smtpe_client *c)
         return;
     c->tx_active = 0;
     c->content = CT_NONE;
-    q_done(c);
+    q_done(c, 1);
 }
 
 /* The transaction failed before its content ended: no content (more) goes; RSET comes before
@@ -1787,7 +1799,7 @@ static smtpe_ssize content_bdat(smtpe_client *c, const uint8_t *p, size_t n, int
         return 0;
     cap = room - BDAT_HEAD - SMTPE__STUFF_FINISH_MAX;
     if (c->cfg.chunk_size && cap > c->cfg.chunk_size)
-        cap = c->cfg.chunk_size;
+        cap = c->cfg.chunk_size < 4 ? 4 : c->cfg.chunk_size; /* one octet may yield 4 */
     k = smtpe__stuff_encode(&c->st, p, n, q + BDAT_HEAD, cap, &w);
     if (c->st.refused) {
         content_refused(c);
@@ -2041,12 +2053,12 @@ static void on_reply(smtpe_client *c)
         return;
     }
     kind = c->sent[c->sent_head].kind;
-    if (code == 421 && kind != K_QUIT && kind != K_DOT && kind != K_BDAT_LAST) {
+    int handed = (int32_t)(c->sent[c->sent_head].end - (uint32_t)c->handed) <= 0;
+    if (code == 421 && kind != K_QUIT && (!handed || (kind != K_DOT && kind != K_BDAT_LAST))) {
         close_session(c, SMTPE_CLOSE_SERVER_421, code, rest, 0); /* RFC 5321 §3.8: any time */
         return;
     }
-    if ((int32_t)(c->sent[c->sent_head].end - (uint32_t)c->handed) > 0) {
-        /* not all of it was handed to the host: the server cannot have read it */
+    if (!handed) { /* not all of it was handed to the host: the server cannot have read it */
         protocol_error(c, "a reply to a command not yet sent");
         return;
     }
@@ -2059,7 +2071,9 @@ static void on_reply(smtpe_client *c)
         if (kind == K_BDAT_LAST)
             c->bdat_out = 0;
         if (code == 421) { /* this recipient's reply; no reply will come for the others */
-            if (c->cfg.lmtp && !c->tx_failed) {
+            if (!c->cfg.lmtp && !c->tx_failed) { /* the server's own verdict on them */
+                q_run(c, 0, c->txn->rcpt_count, 1, 0, code, enh, rest, 0);
+            } else if (c->cfg.lmtp && !c->tx_failed) {
                 on_end(c, code, enh, rest);
                 smtpe_span none = {NULL, 0};
                 q_run(c, 0, c->txn->rcpt_count, 1, SMTPE_OUTCOME_UNKNOWN, 0, none,
@@ -2125,7 +2139,7 @@ smtpe_ssize smtpe_client_recv(smtpe_client *c, const uint8_t *buf, size_t n, uin
             break;
         }
         if (c->q_count > 0)
-            break; /* the events' spans point into the line buffer */
+            break; /* the events' spans may point into the line buffer */
         if (c->phase == PH_TLS_WAIT) {
             protocol_error(c, "octets after the STARTTLS reply, before the TLS handshake");
             continue;
@@ -2185,14 +2199,15 @@ static void advance(smtpe_client *c)
     if (c->tx_pending)
         txn_start(c);
     if (c->tx_active) {
+        if (c->lone_dot && c->cfg.lmtp) { /* how many replies a lone dot gets is undefined */
+            c->lone_dot = 0;
+            close_session(c, SMTPE_CLOSE_PROTOCOL_ERROR, 0,
+                          span_of("354 after every recipient was refused (LMTP)"), 0);
+            return;
+        }
         if (c->lone_dot && queue_line(c, K_DOT_VOID, 0, (const uint8_t *)".\r\n", 3)) {
             c->lone_dot = 0;
             c->tx_outstanding++;
-            if (c->cfg.lmtp) { /* how many replies a lone dot gets under LMTP is not defined */
-                close_session(c, SMTPE_CLOSE_PROTOCOL_ERROR, 0,
-                              span_of("354 after every recipient was refused (LMTP)"), 0);
-                return;
-            }
         }
         if (c->content == CT_FINISHING && !c->tx_bdat)
             data_finish(c);
@@ -2229,7 +2244,7 @@ int smtpe_client_next_event_versioned(smtpe_client *c, int event_version,
                 out.done.permanent = c->counts[SMTPE_OUTCOME_PERMANENT];
                 out.done.temporary = c->counts[SMTPE_OUTCOME_TEMPORARY];
                 out.done.unknown = c->counts[SMTPE_OUTCOME_UNKNOWN];
-                out.done.reusable = c->phase != PH_CLOSED;
+                out.done.reusable = e->ev.done.reusable;
                 txn_clear(c);
                 memset(c->accepted, 0, (c->cfg.max_recipients + 7) / 8);
                 memset(c->decided, 0, (c->cfg.max_recipients + 7) / 8);

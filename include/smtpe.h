@@ -858,9 +858,10 @@ typedef struct smtpe_client_config {
      * before any credential octet (recipients temporary). */
     int auth_plaintext_ok;
     /* Use BDAT (RFC 3030) when the server offers CHUNKING. Default 1. chunk_size is the most
-     * content octets one BDAT carries (the engine sends smaller chunks when the host's pieces
-     * or the output buffer room are smaller): 1..output_buffer_size - 64. Default 0: as large
-     * as the output buffer allows. */
+     * wire octets one BDAT carries (the engine sends smaller chunks when the host's pieces
+     * or the output buffer room are smaller; at least 4, as one content octet may need 4
+     * wire octets): 1..output_buffer_size - 64. Default 0: as large as the output buffer
+     * allows. */
     int chunking;
     size_t chunk_size;
     /* Bare CR and bare LF in submitted content (not BODY=BINARYMIME): SMTPE_LINE_ENDING_NORMALISE

@@ -727,7 +727,7 @@ static int sim_content(sim *m)
             return any;
         }
         m->content_at += (size_t)r;
-        if (r == 0 && n > 0) {
+        if (r == 0 && n > 0 && !(smtpe_client_want(m->c) & SMTPE_WANT_CLOSE)) {
             fputs((const char *)m->srv.commands.p, stderr);
             fail_msg("%s: WANT_CONTENT set but smtpe_client_content consumed nothing of %zu "
                      "(last %d)", g_case, n, n == left);
@@ -2864,6 +2864,268 @@ static void test_bug_small_chunk_size_stalls(void **st)
             sim_free(&m);
         }
 }
+
+/* ==== what the MAIL line says about the content ======================================== */
+
+/* SIZE= (RFC 1870 §3) is the content's size on the wire under NORMALISE before
+ * dot-stuffing, final CRLF included: exactly what the server decodes, for any content and
+ * any split of the host's scan. */
+static void test_size_param_exact(void **st)
+{
+    (void)st;
+    static uint8_t buf[2000];
+    for (uint32_t seed = 1; seed <= 200; seed++) {
+        sim m;
+        size_t n = tricky_content(buf, 30 + seed * 9 % 1900, seed);
+        uint32_t r = seed;
+        sim_init(&m, seed);
+        g_case = "SIZE=";
+        m.srv.ehlo = seed % 2 ? "250-mx\r\n250-PIPELINING\r\n250 SIZE 1000000\r\n"
+                              : "250-mx\r\n250-PIPELINING\r\n250-CHUNKING\r\n250 SIZE\r\n";
+        m.content = buf;
+        m.content_len = n;
+        m.piece_max = 1 + seed % 50;
+        smtpe_content_scan_init(&m.txn.content);
+        for (size_t at = 0; at < n;) {
+            size_t k = 1 + rnd(&r) % 40;
+            if (k > n - at)
+                k = n - at;
+            smtpe_content_scan(&m.txn.content, buf + at, k);
+            at += k;
+        }
+        smtpe_content_scan_end(&m.txn.content);
+        m.txn.has_content_info = 1;
+        sim_open(&m);
+        assert_int_equal(sim_submit(&m, 1), 0);
+        sim_run(&m);
+        assert_int_equal(m.outcomes[0], SMTPE_OUTCOME_DELIVERED);
+        const char *sz = strstr((const char *)m.srv.commands.p, " SIZE=");
+        assert_non_null(sz);
+        if (strtoull(sz + 6, NULL, 10) != m.srv.msg.len)
+            fail_msg("SIZE=%llu but %zu octets of content on the wire (seed %u)",
+                     strtoull(sz + 6, NULL, 10), m.srv.msg.len, seed);
+        assert_int_equal(m.txn.content.size, n);
+        sim_free(&m);
+    }
+}
+
+/* BODY=BINARYMIME (RFC 3030 §3): the content goes verbatim by BDAT, bare CR, bare LF and NUL
+ * included, no final CRLF added, BDAT counts exact. */
+static void test_binarymime_verbatim(void **st)
+{
+    (void)st;
+    static const uint8_t bin[] = "\x00\r\n\r\n.\r\n\rx\ny\x80\xff\r";
+    for (size_t piece = 1; piece <= 5; piece++) {
+        sim m;
+        sim_init(&m, 11);
+        g_case = "BINARYMIME";
+        m.srv.ehlo = "250-mx\r\n250-PIPELINING\r\n250-CHUNKING\r\n250 BINARYMIME\r\n";
+        m.content = bin;
+        m.content_len = sizeof bin - 1;
+        m.piece_max = piece;
+        m.txn.body = SMTPE_BODY_BINARYMIME;
+        sim_open(&m);
+        assert_int_equal(sim_submit(&m, 1), 0);
+        sim_run(&m);
+        assert_int_equal(m.outcomes[0], SMTPE_OUTCOME_DELIVERED);
+        assert_non_null(strstr((const char *)m.srv.commands.p, "MAIL FROM:<a@example.com> "
+                                                               "BODY=BINARYMIME\n"));
+        assert_int_equal(m.srv.msg.len, sizeof bin - 1);
+        assert_memory_equal(m.srv.msg.p, bin, sizeof bin - 1);
+        sim_free(&m);
+    }
+}
+
+/* Content the host did not scan, with a NUL (or 8-bit octets without BODY=8BITMIME): found
+ * mid-stream, the session ends with the recipients permanent and the content cut short (no
+ * final dot, no BDAT LAST) - whatever the split. */
+static void test_unscanned_content_refused_midstream(void **st)
+{
+    (void)st;
+    static const uint8_t nul[] = "line one\r\nline\0two\r\nend\r\n";
+    static const uint8_t eight[] = "line one\r\ncaf\xc3\xa9\r\nend\r\n";
+    for (int which = 0; which < 2; which++)
+        for (int bdat = 0; bdat <= 1; bdat++)
+            for (size_t piece = 1; piece <= 8; piece++) {
+                sim m;
+                sim_init(&m, 13);
+                g_case = "refused mid-stream";
+                m.srv.ehlo = bdat ? "250-mx\r\n250-PIPELINING\r\n250 CHUNKING\r\n" : CAPS;
+                m.content = which ? eight : nul;
+                m.content_len = (which ? sizeof eight : sizeof nul) - 1;
+                m.piece_max = piece;
+                sim_open(&m);
+                assert_int_equal(sim_submit(&m, 2), 0);
+                sim_run(&m);
+                assert_int_equal(m.done, 1);
+                assert_int_equal(m.outcomes[0], SMTPE_OUTCOME_PERMANENT);
+                assert_int_equal(m.outcomes[1], SMTPE_OUTCOME_PERMANENT);
+                assert_int_equal(m.last_closed.reason, SMTPE_CLOSE_ABORTED);
+                assert_int_equal(m.srv.transactions, 0); /* never completed on the wire */
+                assert_int_equal(m.srv.violations, 0);
+                sim_free(&m);
+            }
+}
+
+/* ==== split invariance of whole sessions =============================================== */
+
+/* Plays the server's writes w[0..] into a new session. The host reads each write whole and
+ * feeds it in pieces of `piece` octets (0: random 1..17; SIZE_MAX: whole), taking events
+ * whenever the engine stops and giving the content at once; only once the whole write is fed
+ * does it send the output (so the split is all that differs between runs: DESIGN.md
+ * property 3), and after STARTTLS it runs its handshake then. Returns client octets and
+ * events in one log. */
+static void play_events(smtpe_client *c, obuf *log, int *tls_due)
+{
+    static const uint8_t content[] = "Subject: x\r\n\r\n.dot\r\nbody";
+    smtpe_client_event ev;
+    while (smtpe_client_next_event(c, &ev) == 1) {
+        char line[200];
+        snprintf(line, sizeof line, "[ev %d", (int)ev.type);
+        ob_str(log, line);
+        if (ev.type == SMTPE_CEV_OUTCOME)
+            snprintf(line, sizeof line, " %zu %d %u %.*s]", ev.outcome.index,
+                     ev.outcome.outcome, ev.outcome.code, (int)ev.outcome.text.len,
+                     (const char *)ev.outcome.text.ptr);
+        else if (ev.type == SMTPE_CEV_CLOSED)
+            snprintf(line, sizeof line, " %d %u %.*s]", ev.closed.reason, ev.closed.code,
+                     (int)ev.closed.text.len, (const char *)ev.closed.text.ptr);
+        else if (ev.type == SMTPE_CEV_READY)
+            snprintf(line, sizeof line, " %#x %.*s]", ev.ready.extensions,
+                     (int)ev.ready.auth.len, (const char *)ev.ready.auth.ptr);
+        else
+            snprintf(line, sizeof line, "]");
+        ob_str(log, line);
+        if (ev.type == SMTPE_CEV_STARTTLS)
+            *tls_due = 1;
+        if (ev.type == SMTPE_CEV_CONTENT)
+            assert_int_equal(smtpe_client_content(c, content, sizeof content - 1, 1),
+                             (smtpe_ssize)(sizeof content - 1));
+    }
+}
+
+static void play_write(smtpe_client *c, obuf *log)
+{
+    size_t len;
+    const uint8_t *p;
+    while ((p = smtpe_client_send_buf(c, &len)) && len > 0) {
+        ob_put(log, p, len);
+        smtpe_client_send_ack(c, len);
+    }
+}
+
+static void play(const smtpe_client_config *cfg, const char *const *w, size_t piece,
+                 uint32_t seed, obuf *log)
+{
+    smtpe_client *c;
+    smtpe_client_txn txn;
+    smtpe_client_rcpt rcpts[3];
+    int tls_due = 0;
+    memset(&txn, 0, sizeof txn);
+    memset(rcpts, 0, sizeof rcpts);
+    rcpts[0].forward_path = "a@example.org";
+    rcpts[1].forward_path = "b@example.org";
+    rcpts[2].forward_path = "c@example.org";
+    txn.reverse_path = "s@example.com";
+    txn.rcpts = rcpts;
+    txn.rcpt_count = 3;
+    log->len = 0;
+    assert_int_equal(smtpe_client_new(&c, cfg, NULL, 0), 0);
+    assert_int_equal(smtpe_client_submit(c, &txn), 0);
+    play_write(c, log);
+    for (size_t i = 0; w[i]; i++) {
+        size_t n = strlen(w[i]), off = 0;
+        int stuck = 0;
+        while (off < n && stuck < 3) {
+            size_t k = piece ? piece : 1 + rnd(&seed) % 17;
+            smtpe_ssize r;
+            if (k > n - off)
+                k = n - off;
+            r = smtpe_client_recv(c, (const uint8_t *)w[i] + off, k, 0);
+            assert_true(r >= 0);
+            off += (size_t)r;
+            stuck = r == 0 ? stuck + 1 : 0;
+            play_events(c, log, &tls_due);
+        }
+        play_events(c, log, &tls_due);
+        play_write(c, log);
+        if (tls_due && !(smtpe_client_want(c) & SMTPE_WANT_CLOSE)) {
+            assert_int_equal(smtpe_client_tls_started(c, 0), 0);
+            ob_str(log, "<TLS>");
+            play_write(c, log);
+        }
+        tls_due = 0;
+    }
+    smtpe_client_free(c);
+}
+
+static void check_split_invariance(const smtpe_client_config *cfg, const char *const *w)
+{
+    obuf whole = {0}, other = {0};
+    play(cfg, w, SIZE_MAX, 1, &whole);
+    for (size_t piece = 0; piece <= 9; piece++)
+        for (uint32_t seed = 1; seed <= (piece ? 1u : 20u); seed++) {
+            play(cfg, w, piece, seed, &other);
+            if (other.len != whole.len || memcmp(other.p, whole.p, whole.len) != 0)
+                fail_msg("split %zu seed %u differs:\n--- whole:\n%s\n--- split:\n%s", piece,
+                         seed, (const char *)whole.p, (const char *)other.p);
+        }
+    ob_free(&whole);
+    ob_free(&other);
+}
+
+static void test_split_invariance(void **st)
+{
+    (void)st;
+    static char longcaps[3000];
+    smtpe_client_config cfg;
+    /* EHLO lines near the 2048-octet line limit, a reply near max_reply_size */
+    {
+        char *p = longcaps;
+        p += sprintf(p, "250-mx.example\r\n250-PIPELINING\r\n250-X-");
+        memset(p, 'k', 2048 - 2 - 6);
+        p += 2048 - 2 - 6;
+        p += sprintf(p, "\r\n250 AUTH PLAIN\r\n");
+    }
+    const char *const s1[] = {GREET, longcaps, "235 2.7.0 ok\r\n",
+                              "250 ok\r\n250 ok\r\n550 5.1.1 no\r\n251 ok\r\n354 go\r\n",
+                              "250 2.0.0 queued\r\n", NULL};
+    /* a reply in the same read as the AUTH success, before MAIL could be sent */
+    const char *const s1b[] = {GREET, longcaps, "235 2.7.0 ok\r\n250 early\r\n", NULL};
+    const char *const s2[] = {"220-mx\r\n220-second line\r\n220 third\r\n", CAPS,
+                              "250 ok\r\n550 a\r\n550 b\r\n550 c\r\n354 go\r\n",
+                              "554 5.5.1 no valid recipients\r\n", NULL};
+    /* STARTTLS with a forged EHLO reply in the same write (Q01) */
+    const char *const s3[] = {GREET, "250-mx\r\n250 STARTTLS\r\n",
+                              "220 go\r\n250-mx\r\n250 AUTH PLAIN\r\n", NULL};
+    const char *const s4[] = {GREET, "250-mx\r\n250 STARTTLS\r\n", "220 go\r\n",
+                              "250-mx\r\n250 PIPELINING\r\n", "250 ok\r\n250 ok\r\n", NULL};
+    /* LMTP series in one write, with garbage after it */
+    const char *const s5[] = {"220 lmtp\r\n", "250-lmtp\r\n250 PIPELINING\r\n",
+                              "250 ok\r\n250 ok\r\n550 no\r\n250 ok\r\n354 go\r\n",
+                              "250 a\r\n452 c\r\nXYZ\r\n", NULL};
+    /* a line over the limit, a mismatched code, a bare LF */
+    const char *const s6[] = {GREET, CAPS, "250-ok\r\n251 no\r\n", NULL};
+    const char *const s7[] = {GREET, "250-mx\r\n250 SIZE 10\n", NULL};
+    smtpe_client_config_init(&cfg);
+    cfg.helo_name = "client.example";
+    cfg.auth_mechanism = "PLAIN";
+    cfg.auth_user = "u";
+    cfg.auth_password = "p";
+    cfg.auth_plaintext_ok = 1;
+    check_split_invariance(&cfg, s1);
+    check_split_invariance(&cfg, s1b);
+    cfg.auth_mechanism = NULL;
+    check_split_invariance(&cfg, s2);
+    cfg.tls = SMTPE_TLS_OPPORTUNISTIC;
+    check_split_invariance(&cfg, s3);
+    check_split_invariance(&cfg, s4);
+    cfg.tls = SMTPE_TLS_NONE;
+    check_split_invariance(&cfg, s6);
+    check_split_invariance(&cfg, s7);
+    cfg.lmtp = 1;
+    check_split_invariance(&cfg, s5);
+}
 /* ==== main ============================================================================ */
 
 int main(void)
@@ -2915,6 +3177,10 @@ int main(void)
         cmocka_unit_test(test_bug_rset_refused_after_bdat_last_sent),
         cmocka_unit_test(test_bug_421_before_dot_handed),
         cmocka_unit_test(test_bug_small_chunk_size_stalls),
+        cmocka_unit_test(test_size_param_exact),
+        cmocka_unit_test(test_binarymime_verbatim),
+        cmocka_unit_test(test_unscanned_content_refused_midstream),
+        cmocka_unit_test(test_split_invariance),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

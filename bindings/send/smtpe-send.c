@@ -1277,17 +1277,22 @@ static void step(struct send_run *r, const uint8_t *msg, size_t len)
     int progress;
 
     do {
+        int fed = 0;
         progress = 0;
         while (smtpe_client_next_event(r->c, &ev) == 1) {
             on_event(r, &ev);
             progress = 1;
         }
         if (r->in_len > 0 && !r->closed)
-            progress |= feed(r);
+            progress |= fed = feed(r);
         if (r->content_active && !r->closed &&
             (r->content_fresh || (smtpe_client_want(r->c) & SMTPE_WANT_CONTENT)))
             progress |= give_content(r, msg, len);
-        progress |= flush_output(r);
+        /* output goes only once everything already read is fed: a reply that arrived before
+         * a command was written must reach the engine before that command does (it is then
+         * unsolicited, never the reply to a command queued after it came) */
+        if (r->in_len == 0 || r->closed || !fed)
+            progress |= flush_output(r);
         if (!progress && r->eof && !r->lost_called && !r->closed) {
             r->lost_called = 1;
             if (smtpe_client_lost(r->c) < 0)

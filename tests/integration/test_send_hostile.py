@@ -16,8 +16,8 @@ The client conformance cases Q01-Q14 (/work/shared/conformance/client-cases.md) 
 case here; the names carry the number.
 
 A case where smtpe-send or the engine does the wrong thing keeps its correct expectation and is
-marked @unittest.expectedFailure with a "BUG" comment saying what the server sent, what the
-client did and what it must do.
+marked with a "Regression" comment saying what the server sent and what the client must do
+(each was a bug once).
 
 Usage: test_send_hostile.py [SERVER] --send SMTPE_SEND [--slow N] [-k PATTERN] [-q]
   SERVER is not used (test_server.main wants one; ctest passes smtpe-server); SMTPE_SEND
@@ -657,16 +657,10 @@ class TestUnsolicited(Base):
         self.assertIn("protocol error", r.err)
         self.assert_retired(peer)
 
-    # BUG (A): the server wrote its EHLO reply and a 250 in one write. smtpe_client_recv
-    # stops at the READY event with the 250 unfed and, in its advance(), queues MAIL, RCPT
-    # and DATA; smtpe-send's step() then writes them (flush_output) before it feeds the rest,
-    # so the 250, which arrived before any of them was sent, is matched to the MAIL (the
-    # session ends later, on "a 2xx reply to DATA"). The client must send nothing after the
-    # EHLO: octets after a reply that leaves no command outstanding are a protocol error (a
-    # 421 there ends the session). Fix in the engine (hand out no output while a recv call
-    # has returned before the end of its input, until the rest is fed) or in smtpe-send
-    # (feed all it has read before flush_output).
-    @unittest.expectedFailure
+    # Regression (was bug A): the server writes its EHLO reply and a 250 in one write. The
+    # engine stops at READY with the 250 unfed; smtpe-send feeds everything it has read before
+    # it writes the MAIL group queued meanwhile, so the 250 reaches a command not yet handed
+    # out: a protocol error, never the reply to the MAIL (a 421 there ends the session).
     def test_a_reply_while_idle(self):
         # after the EHLO reply nothing is outstanding: the extra reply matches no command, and
         # the client sends nothing after it
@@ -682,9 +676,8 @@ class TestUnsolicited(Base):
         self.assertIn("protocol error", r.err)
         self.assert_retired(peer)
 
-    # BUG (A), as test_a_reply_while_idle, with a 421: MAIL, RCPT and DATA go out before the
-    # 421 is fed (the outcome, temporary 421, is right).
-    @unittest.expectedFailure
+    # Regression (was bug A), as test_a_reply_while_idle, with a 421: nothing goes out after
+    # the EHLO; the 421 ends the session.
     def test_a_421_while_idle(self):
         # RFC 5321 §3.8: a 421 may come at any time; it ends the session, no QUIT
         def script(s):
@@ -698,11 +691,9 @@ class TestUnsolicited(Base):
         self.assert_lines(r, temp_lines(code=421, enhanced="4.3.2"))
         self.assert_retired(peer)
 
-    # BUG (A), as test_a_reply_while_idle, and here silent: the extra 250 becomes the MAIL's
-    # reply and the RCPT's 250 the BDAT LAST's, so the recipient is reported delivered (exit
-    # 0) although the server refused the message with 554, which the client takes for the
-    # reply to its QUIT.
-    @unittest.expectedFailure
+    # Regression (was bug A, and silent): the extra 250 once became the MAIL's reply and the
+    # RCPT's 250 the BDAT LAST's, so the recipient was reported delivered although the server
+    # refused the message with 554.
     def test_a_reply_while_idle_is_never_the_reply_to_a_later_command(self):
         def script(s):
             s.send(b"220 peer.test ESMTP\r\n")
@@ -720,15 +711,10 @@ class TestUnsolicited(Base):
         self.assertEqual(r.rc, 75, r)
         self.assert_octets(peer.log, ehlo())
 
-    # BUG (B): the server answered the final dot with "250 queued" and an extra 250 in one
-    # write. TRANSACTION_DONE made smtpe-send submit the second transaction (MAIL, RCPT, DATA
-    # queued, not yet handed out); the extra 250 is then found to be "a reply to a command
-    # not yet sent" and the session ends (right), but MAIL, RCPT and DATA still go to the
-    # server: smtpe_client_send_buf keeps handing out the commands queued before a close for
-    # a protocol error (since e97559e only an end of content not yet handed out is dropped).
-    # Nothing but the QUIT of quit_and_close may go after the session was given up: the
-    # engine should drop every octet it has not handed out on such a close.
-    @unittest.expectedFailure
+    # Regression (was bug B): the server answers the final dot with "250 queued" and an
+    # extra 250 in one write. The second transaction's MAIL, RCPT and DATA are queued, not yet
+    # handed out, when the extra 250 is found to be "a reply to a command not yet sent"; they
+    # never go: a session given up drops every octet it has not handed out.
     def test_an_extra_reply_after_the_final_250(self):
         # with --messages 2 the extra 250 must not become the reply to the second MAIL
         def script(s):
@@ -1085,10 +1071,9 @@ class TestLmtp(Base):
         self.assertIn("timed out", r.err)
         self.assert_retired(peer)
 
-    # BUG (B), as TestUnsolicited.test_an_extra_reply_after_the_final_250: the third reply
-    # is a protocol error (right), yet the second transaction's MAIL, RCPT, RCPT and DATA,
-    # queued before it was fed, still go to the server.
-    @unittest.expectedFailure
+    # Regression (was bug B), as TestUnsolicited.test_an_extra_reply_after_the_final_250:
+    # the third reply is a protocol error, and the second transaction's commands, queued but
+    # not yet handed out when it was fed, never go to the server.
     def test_more_replies_than_accepted_recipients(self):
         # three replies for two: the third is a protocol error, never the reply to the second
         # transaction's MAIL; that transaction is not attempted
