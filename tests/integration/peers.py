@@ -122,6 +122,8 @@ Recipient rules (by the local part):
     another domain: 554 5.7.1 (relay access denied).
   Dovecot: datafail@peer.test has a 10-octet quota: 552 5.2.2 for it after the content, 250 for
     the others; an unknown user: 550 5.1.1 at RCPT.
+  aiosmtpd advertises no ENHANCEDSTATUSCODES, yet these replies of its (and "250 2.0.0 Ok:
+  stored as N") start their text with one: a client must report them as text, not as codes.
   A sender outside peer.test (sender@client.test) keeps the DSNs Postfix may make (NOTIFY=
   SUCCESS) out of the mailboxes: its outbound transports are error:.
 AUTH with a wrong password: Postfix's (Dovecot's SASL) answers 535 after about 1 s, with no

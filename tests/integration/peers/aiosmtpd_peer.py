@@ -26,7 +26,9 @@ Recipients by local part (the same rules as the other envelope-storing peers):
   defer*      450 4.2.1 at RCPT
   datafail*   the message is refused after its content: 554 5.6.0, nothing stored
   datadefer*  the same with 451 4.3.0
-Exits 0 on SIGTERM or SIGINT.
+These replies (and "250 2.0.0 Ok: stored as N") carry an enhanced status code in their text
+although aiosmtpd does not advertise ENHANCEDSTATUSCODES: on purpose, a client must take it as
+text. Exits 0 on SIGTERM or SIGINT.
 """
 import argparse
 import asyncio
