@@ -39,7 +39,7 @@ static const uint8_t MSG[] = "Subject: t\r\n\r\nhello\r\n";
 #define LOG(h, s) assert_string_equal(ch_take_log(h), s)
 
 /* A known bug's test runs only with SMTPE_REVIEW_BUGS=1. */
-static int bugs_enabled(void)
+__attribute__((unused)) static int bugs_enabled(void)
 {
     const char *e = getenv("SMTPE_REVIEW_BUGS");
     return e && strcmp(e, "1") == 0;
@@ -2455,8 +2455,8 @@ static void chaos_session(uint32_t seed, int lmtp, int bdat, size_t n_rcpt)
     }
     m->srv.data = rnd(&x.seed) % 2 ? NULL : chaos_pick(&x.seed, "354 go\r\n");
     m->srv.bdat = chaos_pick(&x.seed, "250 ok\r\n");
-    if (bdat) /* BUG (test_bug_small_chunk_size_stalls): from 4 until it is fixed */
-        m->cfg.chunk_size = (bugs_enabled() ? 1 : 4) + rnd(&x.seed) % 2000;
+    if (bdat)
+        m->cfg.chunk_size = 1 + rnd(&x.seed) % 2000;
     m->more_txns = (int)(rnd(&x.seed) % 3);
     m->n_rcpt = 1 + rnd(&x.seed) % 3;
     m->check_delivered = 1;
@@ -2760,7 +2760,8 @@ static void test_lockstep_every_failure(void **st)
         }
 }
 
-/* BUG: a RSET refused (anything but 2xx or 421) ends the session with the recipients
+/* FIXED (b40b1cf), found in review as a bug:
+ * a RSET refused (anything but 2xx or 421) ends the session with the recipients
  * TEMPORARY, passed explicitly (quit_and_close(..., SMTPE_OUTCOME_TEMPORARY)), which
  * overrides the unknown rule of fail_open_txn. Under PIPELINING with CHUNKING the whole
  * next message goes in the group behind that RSET (RSET, MAIL, RCPT, BDAT n LAST: RFC 3030
@@ -2768,10 +2769,9 @@ static void test_lockstep_every_failure(void **st)
  * the complete message; the server may well have taken it after refusing only the RSET.
  * Expected: UNKNOWN once the end of the content was handed (RFC 5321 §4.5.3.2.6; smtpe.h
  * SMTPE_OUTCOME_UNKNOWN), as for every other end of the session. */
-static void test_bug_rset_refused_after_bdat_last_sent(void **st)
+static void test_fixed_rset_refused_after_bdat_last_sent(void **st)
 {
     (void)st;
-    KNOWN_BUG();
     raw r;
     raw_init(&r);
     raw_ready(&r, "250-mx\r\n250-PIPELINING\r\n250 CHUNKING\r\n", 1);
@@ -2797,15 +2797,15 @@ static void test_bug_rset_refused_after_bdat_last_sent(void **st)
     raw_free(&r);
 }
 
-/* BUG: the 421 rule of e97559e (RFC 5321 §3.8: a 421 may come at any time, even before the
+/* FIXED (b40b1cf), found in review as a bug:
+ * the 421 rule of e97559e (RFC 5321 §3.8: a 421 may come at any time, even before the
  * host wrote the command it would answer) leaves out the end of the content: a 421 that
  * arrives while the final dot (or BDAT LAST) is queued but not yet handed out is reported as
  * SMTPE_CLOSE_PROTOCOL_ERROR ("a reply to a command not yet sent", code 0 on the recipients)
  * instead of SMTPE_CLOSE_SERVER_421 with the 421. (The outcome, temporary, is right.) */
-static void test_bug_421_before_dot_handed(void **st)
+static void test_fixed_421_before_dot_handed(void **st)
 {
     (void)st;
-    KNOWN_BUG();
     for (int bdat = 0; bdat <= 1; bdat++) {
         raw r;
         raw_init(&r);
@@ -2830,17 +2830,17 @@ static void test_bug_421_before_dot_handed(void **st)
     }
 }
 
-/* BUG: cfg.chunk_size may be 1..output_buffer_size - 64 (smtpe.h), but content_bdat caps the
+/* FIXED (b40b1cf), found in review as a bug:
+ * cfg.chunk_size may be 1..output_buffer_size - 64 (smtpe.h), but content_bdat caps the
  * chunk's wire octets at chunk_size, and one content octet can need up to 4 wire octets
  * (a line break is 2; a bare CR settled by a bare LF is 4). With chunk_size 1 a line break
  * never fits: smtpe_client_content consumes nothing while SMTPE_WANT_CONTENT stays set, so a
  * host that follows want() spins for ever (chunk_size 2 and 3 likewise for bare line ends).
  * Expected: every allowed chunk_size delivers the content (smtpe.h: the engine "sends smaller
  * chunks" when it must - or the range starts at 4). */
-static void test_bug_small_chunk_size_stalls(void **st)
+static void test_fixed_small_chunk_size_stalls(void **st)
 {
     (void)st;
-    KNOWN_BUG();
     static const char *const contents[] = {"a\r\nb\r\n", "\r\n", "x\n\ny", "\r\r\n\n.\r"};
     for (size_t cs = 1; cs <= 4; cs++)
         for (size_t i = 0; i < sizeof contents / sizeof *contents; i++) {
@@ -3174,9 +3174,9 @@ int main(void)
         cmocka_unit_test(test_starttls_injection_correct_host),
         cmocka_unit_test(test_implicit_tls),
         cmocka_unit_test(test_lockstep_every_failure),
-        cmocka_unit_test(test_bug_rset_refused_after_bdat_last_sent),
-        cmocka_unit_test(test_bug_421_before_dot_handed),
-        cmocka_unit_test(test_bug_small_chunk_size_stalls),
+        cmocka_unit_test(test_fixed_rset_refused_after_bdat_last_sent),
+        cmocka_unit_test(test_fixed_421_before_dot_handed),
+        cmocka_unit_test(test_fixed_small_chunk_size_stalls),
         cmocka_unit_test(test_size_param_exact),
         cmocka_unit_test(test_binarymime_verbatim),
         cmocka_unit_test(test_unscanned_content_refused_midstream),
