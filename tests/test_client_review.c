@@ -3126,6 +3126,149 @@ static void test_split_invariance(void **st)
     cfg.lmtp = 1;
     check_split_invariance(&cfg, s5);
 }
+
+/* ==== command lines at their limits ===================================================== */
+
+/* XCLIENT attributes that need several lines: each line at most 512 octets (CRLF included),
+ * every listed attribute sent once, xtext-encoded, EHLO after each 220. */
+static void test_xclient_several_lines(void **st)
+{
+    (void)st;
+    static char vals[8][220];
+    static const char *const names[] = {"NAME", "ADDR", "PORT", "PROTO", "HELO", "LOGIN",
+                                        "DESTADDR", "DESTPORT"};
+    smtpe_param attrs[8];
+    raw r;
+    size_t sent[8] = {0}, lines = 0;
+    raw_init(&r);
+    for (int i = 0; i < 8; i++) {
+        memset(vals[i], 'a' + i, 200);
+        vals[i][0] = '+'; /* xtext: 3 octets */
+        vals[i][200] = 0;
+        attrs[i].keyword.ptr = (const uint8_t *)names[i];
+        attrs[i].keyword.len = strlen(names[i]);
+        attrs[i].value.ptr = (const uint8_t *)vals[i];
+        attrs[i].value.len = 200;
+    }
+    r.cfg.xclient = attrs;
+    r.cfg.xclient_count = 8;
+    assert_int_equal(smtpe_client_new(&r.c, &r.cfg, NULL, 0), 0);
+    raw_feed(&r, GREET);
+    raw_write(&r, SIZE_MAX);
+    static const char caps[] = "250-mx\r\n250 XCLIENT NAME ADDR PORT PROTO HELO LOGIN DESTADDR "
+                               "DESTPORT\r\n";
+    raw_feed(&r, caps);
+    for (int round = 0; round < 12; round++) {
+        r.out.len = 0;
+        raw_write(&r, SIZE_MAX);
+        ob_put(&r.out, "", 0);
+        const char *o = (const char *)r.out.p;
+        if (strncmp(o, "XCLIENT ", 8) != 0)
+            break;
+        assert_true(strlen(o) <= 512);
+        assert_non_null(strstr(o, "\r\n"));
+        assert_int_equal(strstr(o, "\r\n")[2], 0); /* one line */
+        lines++;
+        for (int i = 0; i < 8; i++) {
+            char key[20];
+            snprintf(key, sizeof key, " %s=+2B", names[i]);
+            sent[i] += count_of(o, key);
+        }
+        raw_feed(&r, "220 mx ESMTP\r\n");
+        r.out.len = 0;
+        raw_write(&r, SIZE_MAX);
+        ob_put(&r.out, "", 0);
+        assert_string_equal((const char *)r.out.p, EHLO);
+        raw_feed(&r, caps);
+    }
+    assert_true(lines >= 4);
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(sent[i], 1);
+    assert_non_null(strstr(raw_log(&r), "EV 1")); /* READY at last */
+    raw_free(&r);
+}
+
+/* RFC 4954 §4: the initial response goes on the AUTH line exactly when the line stays within
+ * 512 octets; one octet more and it follows the 334. */
+static void test_auth_initial_response_boundary(void **st)
+{
+    (void)st;
+    /* "AUTH PLAIN " + base64(authzid \0 user \0 password) + CRLF: 11 + 4 * ceil(n / 3) + 2 */
+    for (size_t n = 370; n <= 376; n++) {
+        raw r;
+        static char pass[256], authzid[201];
+        raw_init(&r);
+        /* n = len(authzid) + 1 + len(user) + 1 + len(password): 200 + 1 + 1 + 1 + n - 203 */
+        memset(authzid, 'z', 200);
+        memset(pass, 'p', sizeof pass);
+        pass[n - 203] = 0;
+        r.cfg.auth_mechanism = "PLAIN";
+        r.cfg.auth_authzid = authzid;
+        r.cfg.auth_user = "u";
+        r.cfg.auth_password = pass;
+        r.cfg.auth_plaintext_ok = 1;
+        assert_int_equal(smtpe_client_new(&r.c, &r.cfg, NULL, 0), 0);
+        raw_feed(&r, GREET);
+        raw_write(&r, SIZE_MAX);
+        r.out.len = 0;
+        raw_feed(&r, "250-mx\r\n250 AUTH PLAIN\r\n");
+        raw_write(&r, SIZE_MAX);
+        ob_put(&r.out, "", 0);
+        size_t line = 11 + 4 * ((n + 2) / 3) + 2;
+        if (line <= 512) {
+            assert_int_equal(r.out.len, line);
+            assert_memory_equal(r.out.p, "AUTH PLAIN ", 11);
+        } else {
+            assert_string_equal((const char *)r.out.p, "AUTH PLAIN\r\n");
+            r.out.len = 0;
+            raw_feed(&r, "334 \r\n");
+            raw_write(&r, SIZE_MAX);
+            assert_int_equal(r.out.len, 4 * ((n + 2) / 3) + 2);
+        }
+        raw_free(&r);
+    }
+}
+
+/* A host-run mechanism's initial response too long for the AUTH line: the AUTH goes without
+ * it, and the host gives it at step 1 after the server's empty 334. */
+static void test_host_mechanism_long_initial_response(void **st)
+{
+    (void)st;
+    raw r;
+    smtpe_client_event ev;
+    static uint8_t resp[600];
+    memset(resp, 'r', sizeof resp);
+    raw_init(&r);
+    r.cfg.auth_mechanism = "X-LONG";
+    r.cfg.auth_plaintext_ok = 1;
+    assert_int_equal(smtpe_client_new(&r.c, &r.cfg, NULL, 0), 0);
+    feed_at(r.c, GREET, 0);
+    write_all(r.c);
+    feed_at(r.c, "250-mx\r\n250 AUTH X-LONG\r\n", 0);
+    assert_int_equal(smtpe_client_next_event(r.c, &ev), 1);
+    assert_int_equal(ev.type, SMTPE_CEV_AUTH_STEP);
+    assert_int_equal(ev.auth_step.step, 0);
+    assert_int_equal(smtpe_client_auth_response(r.c, resp, sizeof resp), 0);
+    raw_write(&r, SIZE_MAX);
+    ob_put(&r.out, "", 0);
+    assert_string_equal((const char *)r.out.p, "AUTH X-LONG\r\n");
+    feed_at(r.c, "334 \r\n", 0);
+    assert_int_equal(smtpe_client_next_event(r.c, &ev), 1);
+    assert_int_equal(ev.type, SMTPE_CEV_AUTH_STEP);
+    assert_int_equal(ev.auth_step.step, 1);
+    assert_int_equal(ev.auth_step.challenge.len, 0);
+    assert_int_equal(smtpe_client_auth_response(r.c, resp, sizeof resp), 0);
+    r.out.len = 0;
+    raw_write(&r, SIZE_MAX);
+    assert_int_equal(r.out.len, 800 + 2);
+    feed_at(r.c, "235 ok\r\n", 0);
+    assert_int_equal(smtpe_client_next_event(r.c, &ev), 1);
+    assert_int_equal(ev.type, SMTPE_CEV_READY);
+    assert_true(ev.ready.authenticated);
+    /* a response with no step owed */
+    assert_int_equal(smtpe_client_auth_response(r.c, resp, 1), SMTPE_ERR_STATE);
+    raw_free(&r);
+}
 /* ==== main ============================================================================ */
 
 int main(void)
@@ -3181,6 +3324,9 @@ int main(void)
         cmocka_unit_test(test_binarymime_verbatim),
         cmocka_unit_test(test_unscanned_content_refused_midstream),
         cmocka_unit_test(test_split_invariance),
+        cmocka_unit_test(test_xclient_several_lines),
+        cmocka_unit_test(test_auth_initial_response_boundary),
+        cmocka_unit_test(test_host_mechanism_long_initial_response),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
