@@ -263,7 +263,7 @@ def members():
     return out
 while os.getppid() == parent and members():
     time.sleep(0.5)
-if members():
+if os.getppid() != parent and members():
     for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 0)):
         try:
             os.killpg(pgid, sig)
@@ -292,6 +292,7 @@ class Process:
                                          stderr=subprocess.STDOUT, start_new_session=True,
                                          env=env, cwd=cwd)
         self.pgid = self.proc.pid
+        self.terminated = False
         self.reaper = subprocess.Popen([sys.executable, "-c", _REAPER, str(self.pgid)]
                                        + ([cleanup_dir] if cleanup_dir else []),
                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -305,8 +306,10 @@ class Process:
             return f.read().decode("utf-8", "replace")
 
     def terminate(self):
-        """Sends SIGTERM (stop() then waits)."""
-        if self.proc.poll() is None:
+        """Sends SIGTERM once (stop() then waits): a second one could hit a server that is
+        already shutting down with its handler gone, and kill it."""
+        if not self.terminated and self.proc.poll() is None:
+            self.terminated = True
             self.proc.send_signal(signal.SIGTERM)
 
     def stop(self, timeout=SAFETY, ok_status=(0,)):
