@@ -33,7 +33,8 @@
 #define TOKEN_MAX 8192       /* an OAuth bearer token */
 #define AUTH_DATA_MAX 8192   /* a host's SASL response */
 #define CAP_LINE_MAX 256     /* the AUTH / XCLIENT / XFORWARD keyword lines kept */
-#define EVQ_MAX 8            /* queued events */
+#define EVQ_MAX 16           /* queued events (a step queues at most 5: run, run, DONE,
+                                CLOSED and one more) */
 #define ENVID_MAX 100        /* RFC 3461 §4.4 */
 #define BDAT_HEAD 32         /* room for "BDAT <20 digits> LAST\r\n" */
 
@@ -1190,7 +1191,7 @@ static void ehlo_keyword(smtpe_client *c, smtpe_span t)
         v.len--;
     }
     if (k == 4 && smtpe__has_prefix_ci(t.ptr, 4, "AUTH")) {
-        if (c->caps.auth.len == 0 || t.ptr[4] == ' ') /* AUTH wins over the old AUTH= */
+        if (c->caps.auth.len == 0 || (t.len > 4 && t.ptr[4] == ' ')) /* AUTH beats AUTH= */
             c->caps.auth = keep_line(c->auth_line, v);
         auth_note_offered(c, v); /* from the whole line: the kept copy may be cut */
         return;
@@ -1898,7 +1899,11 @@ static void on_ehlo(smtpe_client *c, int kind, unsigned code, smtpe_span text)
 
 static void on_starttls(smtpe_client *c, unsigned code, smtpe_span text)
 {
-    if (code / 100 == 2) {
+    if (code / 100 == 2 && code != 220) {
+        protocol_error(c, "a 2xx reply to STARTTLS that is not 220"); /* RFC 3207 §4 */
+        return;
+    }
+    if (code == 220) {
         /* the host feeds what it has read beyond the 220 before its handshake: any octet is
          * then a protocol error (response injection, CVE-2021-22947), whatever the split */
         c->phase = PH_TLS_WAIT;

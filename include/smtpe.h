@@ -958,7 +958,8 @@ typedef struct smtpe_client_rcpt {
 } smtpe_client_rcpt;
 
 /* A mail transaction (RFC 5321 §3.3). The struct, its recipients and every string they point
- * to must stay valid until the transaction's SMTPE_CEV_TRANSACTION_DONE event is taken. */
+ * to must stay valid and unchanged until the transaction's SMTPE_CEV_TRANSACTION_DONE event is
+ * taken (the engine reads them as it sends). */
 typedef struct smtpe_client_txn {
     const char *reverse_path;        /* mailbox without brackets; "" for the null path <> */
     const smtpe_client_rcpt *rcpts;  /* forward-paths, in order, 1..max_recipients */
@@ -1178,8 +1179,12 @@ SMTPE_API int smtpe_client_abort_content(smtpe_client *c);
 
 /* Answers SMTPE_CEV_AUTH_STEP: data[0..len) is the response (the engine base64-encodes it);
  * data NULL at step 0 means no initial response, and at a later step cancels the exchange
- * ("*", RFC 4954 §4). Returns 0, SMTPE_ERR_STATE (no step waits) or
- * SMTPE_ERR_INVALID_ARGUMENT (too long: over 8192 octets). */
+ * ("*", RFC 4954 §4). While a step waits, smtpe_client_want says SMTPE_WANT_VERDICT. An
+ * initial response that would make the AUTH line longer than 512 octets is not put on it
+ * (RFC 4954 §4): the AUTH goes alone and step 1 (the server's, usually empty, challenge) asks
+ * for it again. Returns 0, SMTPE_ERR_STATE (no step waits) or SMTPE_ERR_INVALID_ARGUMENT (over
+ * 8192 octets, or over what the output buffer holds: its base64 must fit in
+ * output_buffer_size - 50 octets). */
 SMTPE_API int smtpe_client_auth_response(smtpe_client *c, const uint8_t *data, size_t len);
 
 /* After SMTPE_CEV_STARTTLS (or, for SMTPE_TLS_IMPLICIT, before the first smtpe_client_recv):
@@ -1198,7 +1203,10 @@ SMTPE_API int smtpe_client_lost(smtpe_client *c);
 
 /* Feeds n octets read from the server. Returns the octets consumed (the engine stops while
  * an event waits to be taken, so the host feeds the rest after taking it), or
- * SMTPE_ERR_INVALID_ARGUMENT. A reply that breaks the protocol ends the session
+ * SMTPE_ERR_INVALID_ARGUMENT, or SMTPE_ERR_STATE (SMTPE_TLS_IMPLICIT before
+ * smtpe_client_tls_started). A host feeds everything it has read before it sends the output
+ * queued meanwhile: a reply that came before a command was written then reaches the engine
+ * first, and is judged unsolicited rather than taken for that command's reply. A reply that breaks the protocol ends the session
  * (SMTPE_CLOSE_PROTOCOL_ERROR): malformed (code not 2-5/0-5/0-9 or not followed by SP, "-"
  * or CRLF; lines that disagree on the code; a line over max_reply_line; a reply over
  * max_reply_size; a bare CR or LF), unsolicited (no command outstanding), a 3xx to anything

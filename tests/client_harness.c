@@ -258,13 +258,9 @@ void ch_pump(ch *h)
             progress = 1;
             log_event(h, &ev);
             if (ev.type == SMTPE_CEV_STARTTLS && !h->manual_tls) {
-                /* the host sends what is queued, runs the handshake (none here), and says so */
-                while ((o = smtpe_client_send_buf(h->c, &len)) && len > 0) {
-                    buf_put(&h->out, o, len);
-                    smtpe_client_send_ack(h->c, len);
-                }
-                buf_put(&h->out, "<TLS>", 5);
-                smtpe_client_tls_started(h->c, h->now);
+                /* the handshake comes once what was read is fed (ch_server_n): an octet
+                 * after the 220 then reaches the engine first, as smtpe.h asks */
+                h->tls_due = 1;
             } else if (ev.type == SMTPE_CEV_AUTH_STEP) {
                 unsigned i = ev.auth_step.step;
                 const char *r = i < 8 ? h->auth_steps[i] : NULL;
@@ -318,6 +314,20 @@ void ch_server_n(ch *h, const uint8_t *p, size_t n)
     }
     if (off < n)
         logf_(h, "UNREAD %zu\n", n - off);
+    if (h->tls_due) { /* all read is fed: send what is queued, the handshake, say so */
+        size_t len;
+        const uint8_t *o;
+        h->tls_due = 0;
+        if (smtpe_client_want(h->c) & SMTPE_WANT_TLS) {
+            while ((o = smtpe_client_send_buf(h->c, &len)) && len > 0) {
+                buf_put(&h->out, o, len);
+                smtpe_client_send_ack(h->c, len);
+            }
+            buf_put(&h->out, "<TLS>", 5);
+            smtpe_client_tls_started(h->c, h->now);
+            ch_pump(h);
+        }
+    }
 }
 
 void ch_server(ch *h, const char *octets)

@@ -41,6 +41,7 @@ typedef struct ch {
     ch_buf taken; /* what ch_take_* returned last */
     int closed;  /* CLOSED taken */
     int manual_tls; /* do not answer STARTTLS by itself */
+    int tls_due;    /* STARTTLS taken: the handshake once what was read is fed */
     /* Added for the client transcript runner (tests/test_client_transcripts.c); all default
      * to 0, which keeps the behaviour above. */
     /* transcript: the log in transcript style. READY is "READY ext=NAME,... size=N auth=MECHS

@@ -244,10 +244,24 @@ static void sc_q01(ch *h)
     OUT(h, "");
 }
 
+/* The same with a host that runs the handshake itself once it has fed what it read. */
+static void sc_q01_auto(ch *h)
+{
+    h->cfg.tls = SMTPE_TLS_REQUIRED;
+    open_ok(h);
+    ch_server(h, GREET);
+    ch_server(h, "250-mx.example\r\n250-PIPELINING\r\n250 STARTTLS\r\n");
+    OUT(h, EHLO "STARTTLS\r\n");
+    ch_server(h, "220 2.0.0 Ready\r\n250-mx.example\r\n250 AUTH PLAIN\r\n");
+    assert_non_null(strstr(ch_take_log(h), "CLOSED protocol-error"));
+    OUT(h, ""); /* no handshake, nothing after */
+}
+
 static void test_q01_starttls_injection(void **st)
 {
     (void)st;
     run3(sc_q01);
+    run3(sc_q01_auto);
 }
 
 static void sc_q02(ch *h)
