@@ -33,8 +33,8 @@
 #define TOKEN_MAX 8192       /* an OAuth bearer token */
 #define AUTH_DATA_MAX 8192   /* a host's SASL response */
 #define CAP_LINE_MAX 256     /* the AUTH / XCLIENT / XFORWARD keyword lines kept */
-#define EVQ_MAX 16           /* queued events (a step queues at most 5: run, run, DONE,
-                                CLOSED and one more) */
+#define EVQ_MAX 8            /* queued events: a step queues at most 5 (two runs, DONE,
+                                CLOSED and one more), and recv stops at any */
 #define ENVID_MAX 100        /* RFC 3461 §4.4 */
 #define BDAT_HEAD 32         /* room for "BDAT <20 digits> LAST\r\n" */
 
