@@ -80,8 +80,8 @@ enum {
 enum { NEXT_NONE, NEXT_EHLO, NEXT_HELO, NEXT_STARTTLS, NEXT_XCLIENT, NEXT_AUTH, NEXT_AUTH_LINE };
 
 /* Where an AUTH exchange stands. */
-enum { AUTH_IDLE, AUTH_CMD, AUTH_LOGIN_USER, AUTH_LOGIN_PASS, AUTH_CREDS, AUTH_ERROR,
-       AUTH_OTHER };
+enum { SA_IDLE, SA_CMD, SA_LOGIN_USER, SA_LOGIN_PASS, SA_CREDS, SA_ERROR,
+       SA_OTHER };
 
 /* Content transfer. */
 enum { CT_NONE, CT_WANTED, CT_FINISHING, CT_DONE };
@@ -194,13 +194,13 @@ static void setup_next(smtpe_client *c);
  * Configuration and memory
  * ---------------------------------------------------------------------------------------- */
 
-static const size_t config_sizes[] = {0, sizeof(smtpe_client_config)};
-static const size_t event_sizes[] = {0, sizeof(smtpe_client_event)};
-static const size_t txn_sizes[] = {0, sizeof(smtpe_client_txn)};
+static const size_t client_config_sizes[] = {0, sizeof(smtpe_client_config)};
+static const size_t client_event_sizes[] = {0, sizeof(smtpe_client_event)};
+static const size_t client_txn_sizes[] = {0, sizeof(smtpe_client_txn)};
 #define LAYOUT_SIZE(sizes, v)                                                                   \
     ((v) >= 1 && (size_t)(v) < sizeof sizes / sizeof *sizes ? sizes[v] : 0)
 
-static void config_defaults(smtpe_client_config *cfg)
+static void client_config_defaults(smtpe_client_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
     cfg->helo_name = "localhost";
@@ -223,20 +223,20 @@ static void config_defaults(smtpe_client_config *cfg)
 void smtpe_client_config_init_versioned(int config_version, smtpe_client_config *cfg)
 {
     smtpe_client_config d;
-    size_t size = LAYOUT_SIZE(config_sizes, config_version);
+    size_t size = LAYOUT_SIZE(client_config_sizes, config_version);
     if (!cfg || size == 0)
         return;
-    config_defaults(&d);
+    client_config_defaults(&d);
     memcpy(cfg, &d, size);
 }
 
-static int config_latest(int config_version, const smtpe_client_config *cfg,
+static int client_config_latest(int config_version, const smtpe_client_config *cfg,
                          smtpe_client_config *out)
 {
-    size_t size = LAYOUT_SIZE(config_sizes, config_version);
+    size_t size = LAYOUT_SIZE(client_config_sizes, config_version);
     if (size == 0)
         return 0;
-    config_defaults(out);
+    client_config_defaults(out);
     memcpy(out, cfg, size);
     return 1;
 }
@@ -326,7 +326,7 @@ static int config_strings_valid(const smtpe_client_config *c)
 }
 
 /* The limits and choices of c (else SMTPE_ERR_CONFIG); the strings are valid. */
-static int config_valid(const smtpe_client_config *c)
+static int client_config_valid(const smtpe_client_config *c)
 {
     if ((unsigned)c->tls > SMTPE_TLS_IMPLICIT)
         return 0;
@@ -357,15 +357,15 @@ static int config_valid(const smtpe_client_config *c)
     return 1;
 }
 
-typedef struct layout {
+typedef struct client_layout {
     size_t sent, bits, line, out, total, sent_cap, bits_len;
-} layout;
+} client_layout;
 
 #define ALIGN_UP(n) (((n) + _Alignof(max_align_t) - 1) / _Alignof(max_align_t) * _Alignof(max_align_t))
 
-static int layout_of(const smtpe_client_config *c, layout *l)
+static int client_layout_of(const smtpe_client_config *c, client_layout *l)
 {
-    if (!config_strings_valid(c) || !config_valid(c))
+    if (!config_strings_valid(c) || !client_config_valid(c))
         return 0;
     l->sent_cap = c->max_unanswered / 6 + 8;
     l->bits_len = ((size_t)c->max_recipients + 7) / 8;
@@ -380,10 +380,10 @@ static int layout_of(const smtpe_client_config *c, layout *l)
 size_t smtpe_client_memory_size_versioned(int config_version, const smtpe_client_config *cfg)
 {
     smtpe_client_config c;
-    layout l;
-    if (!cfg || !config_latest(config_version, cfg, &c))
+    client_layout l;
+    if (!cfg || !client_config_latest(config_version, cfg, &c))
         return 0;
-    return layout_of(&c, &l) ? l.total : 0;
+    return client_layout_of(&c, &l) ? l.total : 0;
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -391,7 +391,7 @@ size_t smtpe_client_memory_size_versioned(int config_version, const smtpe_client
  * ---------------------------------------------------------------------------------------- */
 
 /* The contiguous room where the next output goes, and whether it starts run B. */
-static uint8_t *out_room(smtpe_client *c, size_t *room, int *to_b)
+static uint8_t *out_where(smtpe_client *c, size_t *room, int *to_b)
 {
     *to_b = 0;
     if (c->b_end > 0) {
@@ -411,7 +411,7 @@ static uint8_t *out_room(smtpe_client *c, size_t *room, int *to_b)
     return c->out;
 }
 
-static void out_commit(smtpe_client *c, int to_b, size_t n)
+static void out_put_done(smtpe_client *c, int to_b, size_t n)
 {
     if (to_b || c->b_end > 0)
         c->b_end += n;
@@ -423,7 +423,7 @@ static void out_commit(smtpe_client *c, int to_b, size_t n)
 /* Contiguous room for at least need octets, or NULL. */
 static uint8_t *out_reserve(smtpe_client *c, size_t need, size_t *room, int *to_b)
 {
-    uint8_t *p = out_room(c, room, to_b);
+    uint8_t *p = out_where(c, room, to_b);
     if (*room >= need)
         return p;
     if (!*to_b && c->b_end == 0 && c->a_off > 0 && c->a_off >= need) { /* try run B instead */
@@ -434,7 +434,7 @@ static uint8_t *out_reserve(smtpe_client *c, size_t need, size_t *room, int *to_
     return NULL;
 }
 
-static size_t out_pending(const smtpe_client *c)
+static size_t out_unsent(const smtpe_client *c)
 {
     return c->a_end - c->a_off + c->b_end;
 }
@@ -443,7 +443,7 @@ static size_t out_pending(const smtpe_client *c)
  * Events
  * ---------------------------------------------------------------------------------------- */
 
-static qent *q_push(smtpe_client *c, int kind)
+static qent *ev_push(smtpe_client *c, int kind)
 {
     qent *e;
     if (c->q_count == EVQ_MAX) /* cannot happen: at most a run, DONE and CLOSED per step */
@@ -456,7 +456,7 @@ static qent *q_push(smtpe_client *c, int kind)
 
 static void q_event(smtpe_client *c, smtpe_client_event_type type)
 {
-    qent *e = q_push(c, Q_EVENT);
+    qent *e = ev_push(c, Q_EVENT);
     if (e)
         e->ev.type = type;
 }
@@ -472,7 +472,7 @@ static run *q_run(smtpe_client *c, size_t at, size_t end, int accepted_only, int
                   unsigned code, smtpe_span enhanced, smtpe_span text, int local)
 {
     qent *e;
-    if (at >= end || !(e = q_push(c, Q_RUN)))
+    if (at >= end || !(e = ev_push(c, Q_RUN)))
         return NULL;
     e->r.at = at;
     e->r.end = end;
@@ -533,7 +533,7 @@ static int run_next(smtpe_client *c, run *r, smtpe_client_event *ev)
  * fixed now (so the event does not depend on what is parsed before the host takes it). */
 static void q_done(smtpe_client *c, int reusable)
 {
-    qent *e = q_push(c, Q_DONE);
+    qent *e = ev_push(c, Q_DONE);
     if (e)
         e->ev.done.reusable = reusable;
 }
@@ -616,7 +616,7 @@ static void close_session(smtpe_client *c, int reason, unsigned code, smtpe_span
     fail_open_txn(c, code, text, code == 0, outcome, gone ? c->acked : c->handed);
     c->phase = PH_CLOSED;
     c->content = CT_NONE;
-    e = q_push(c, Q_EVENT);
+    e = ev_push(c, Q_EVENT);
     if (e) {
         e->ev.type = SMTPE_CEV_CLOSED;
         e->ev.closed.reason = reason;
@@ -644,7 +644,7 @@ static void quit_and_close(smtpe_client *c, int reason, unsigned code, smtpe_spa
     close_session(c, reason, code, text, outcome);
     if (!in_content && (p = out_reserve(c, 6, &room, &to_b))) {
         memcpy(p, "QUIT\r\n", 6);
-        out_commit(c, to_b, 6);
+        out_put_done(c, to_b, 6);
     }
 }
 
@@ -735,7 +735,7 @@ static int queue_line(smtpe_client *c, int kind, uint32_t arg, const uint8_t *li
     if (!can_queue(c, len) || !(p = out_reserve(c, len, &room, &to_b)))
         return 0;
     memcpy(p, line, len);
-    out_commit(c, to_b, len);
+    out_put_done(c, to_b, len);
     return sent_push(c, kind, arg, len);
 }
 
@@ -909,7 +909,7 @@ static int txn_valid(smtpe_client *c, const smtpe_client_txn *t, int *utf8)
 int smtpe_client_submit_versioned(smtpe_client *c, int txn_version, const smtpe_client_txn *txn)
 {
     int utf8 = 0;
-    if (!c || !txn || LAYOUT_SIZE(txn_sizes, txn_version) == 0)
+    if (!c || !txn || LAYOUT_SIZE(client_txn_sizes, txn_version) == 0)
         return SMTPE_ERR_INVALID_ARGUMENT;
     if (c->phase == PH_CLOSED || c->phase == PH_QUIT || c->quit_wanted || c->txn)
         return SMTPE_ERR_STATE;
@@ -1070,7 +1070,7 @@ static int queue_b64_line(smtpe_client *c, const char *prefix, const uint8_t *da
         memset(tmp, 0, sizeof tmp);
     }
     memcpy(p + len - 2, "\r\n", 2);
-    out_commit(c, to_b, len);
+    out_put_done(c, to_b, len);
     return sent_push(c, K_AUTH, 0, len);
 }
 
@@ -1118,7 +1118,7 @@ static void setup_next(smtpe_client *c)
     (void)none;
     c->phase = PH_READY;
     {
-        qent *e = q_push(c, Q_EVENT);
+        qent *e = ev_push(c, Q_EVENT);
         if (e) {
             e->ev.type = SMTPE_CEV_READY;
             e->ev.ready = c->caps;
@@ -1280,18 +1280,21 @@ static int name_listed(smtpe_span list, smtpe_span name)
     return list_has(list, n);
 }
 
-/* Queues one XCLIENT line with the next advertised attributes that fit in 512 octets.
- * Returns 1 when queued (or nothing is left to send: xclient_done), 0 if it must wait. */
-static int queue_xclient(smtpe_client *c)
+/* Writes "<verb> NAME=xtext ..." CRLF into line[0..LINE_MAX_CMD) with the attributes from
+ * attrs[*at] on that the server's list names (xtext, RFC 3461 §4), as many as fit in one line
+ * of 512 octets (one that cannot fit even alone is left out); moves *at past them. Returns the
+ * line's length, or 0 when no attribute (more) is to be sent. Postfix XCLIENT_README,
+ * XFORWARD_README. */
+static size_t attr_line(const char *verb, const smtpe_param *attrs, size_t count,
+                        smtpe_span listed, size_t *at, uint8_t *line)
 {
-    uint8_t line[LINE_MAX_CMD];
     wr w = {line, 0, LINE_MAX_CMD - 2, 0};
-    size_t i = c->xclient_at, n = 0;
-    w_str(&w, "XCLIENT");
-    for (; i < c->cfg.xclient_count; i++) {
-        const smtpe_param *a = &c->cfg.xclient[i];
+    size_t i = *at, n = 0;
+    w_str(&w, verb);
+    for (; i < count; i++) {
+        const smtpe_param *a = &attrs[i];
         size_t mark = w.len;
-        if (!name_listed(c->caps.xclient, a->keyword))
+        if (!name_listed(listed, a->keyword))
             continue;
         w_put(&w, " ", 1);
         w_put(&w, a->keyword.ptr, a->keyword.len);
@@ -1301,23 +1304,37 @@ static int queue_xclient(smtpe_client *c)
             w.over = 0;
             w.len = mark;
             if (n == 0)
-                continue; /* cannot fit even alone: left out */
+                continue;
             break;
         }
         n++;
     }
-    if (n == 0) { /* nothing (more) the server takes */
+    *at = i;
+    if (n == 0)
+        return 0;
+    w.cap = LINE_MAX_CMD;
+    w_str(&w, "\r\n");
+    return w.len;
+}
+
+/* Queues one XCLIENT line. Returns 1 when queued (or nothing is left to send: xclient_done,
+ * and the next setup step follows), 0 if it must wait for output room. */
+static int queue_xclient(smtpe_client *c)
+{
+    uint8_t line[LINE_MAX_CMD];
+    size_t at = c->xclient_at;
+    size_t len = attr_line("XCLIENT", c->cfg.xclient, c->cfg.xclient_count, c->caps.xclient,
+                           &at, line);
+    if (len == 0) { /* nothing (more) the server takes */
         c->xclient_done = 1;
         c->xclient_at = c->cfg.xclient_count;
         setup_next(c);
         return 1;
     }
-    w_str(&w, "\r\n");
-    w.cap = LINE_MAX_CMD;
-    if (!queue_line(c, K_XCLIENT, 0, line, w.len))
+    if (!queue_line(c, K_XCLIENT, 0, line, len))
         return 0;
-    c->xclient_at = i;
-    if (i >= c->cfg.xclient_count)
+    c->xclient_at = at;
+    if (at >= c->cfg.xclient_count)
         c->xclient_done = 1;
     return 1;
 }
@@ -1332,7 +1349,7 @@ static int queue_auth(smtpe_client *c)
     size_t plen;
     wr w = {(uint8_t *)prefix, 0, sizeof prefix, 0};
     if (c->auth_mech == SMTPE_SASL_OTHER) { /* the host gives the initial response first */
-        c->auth_state = AUTH_OTHER;
+        c->auth_state = SA_OTHER;
         c->auth_step = 0;
         c->auth_step_ready = 1;
         c->auth_chal = c->auth_chal_len = 0;
@@ -1344,7 +1361,7 @@ static int queue_auth(smtpe_client *c)
         w_str(&w, "\r\n");
         if (!queue_line(c, K_AUTH, 0, (uint8_t *)prefix, w.len))
             return 0;
-        c->auth_state = AUTH_LOGIN_USER;
+        c->auth_state = SA_LOGIN_USER;
         return 1;
     }
     w_str(&w, " ");
@@ -1353,13 +1370,13 @@ static int queue_auth(smtpe_client *c)
         prefix[plen] = '\0';
         if (!queue_b64_line(c, prefix, NULL, 0))
             return 0;
-        c->auth_state = AUTH_CREDS;
+        c->auth_state = SA_CREDS;
         return 1;
     }
     memcpy(prefix + plen - 1, "\r\n", 2);
     if (!queue_line(c, K_AUTH, 0, (uint8_t *)prefix, plen + 1))
         return 0;
-    c->auth_state = AUTH_CMD;
+    c->auth_state = SA_CMD;
     return 1;
 }
 
@@ -1375,19 +1392,19 @@ static void auth_challenge(smtpe_client *c, smtpe_span text)
     const smtpe_client_config *k = &c->cfg;
     int ok = 1;
     switch (c->auth_state) {
-    case AUTH_CMD: /* the credentials after an AUTH without initial response */
+    case SA_CMD: /* the credentials after an AUTH without initial response */
         ok = queue_b64_line(c, "", NULL, 0);
-        c->auth_state = AUTH_CREDS;
+        c->auth_state = SA_CREDS;
         break;
-    case AUTH_LOGIN_USER: /* the prompt's text is ignored (it is often not "Username:") */
+    case SA_LOGIN_USER: /* the prompt's text is ignored (it is often not "Username:") */
         ok = queue_b64_line(c, "", (const uint8_t *)k->auth_user, strlen(k->auth_user));
-        c->auth_state = AUTH_LOGIN_PASS;
+        c->auth_state = SA_LOGIN_PASS;
         break;
-    case AUTH_LOGIN_PASS:
+    case SA_LOGIN_PASS:
         ok = queue_b64_line(c, "", (const uint8_t *)k->auth_password, strlen(k->auth_password));
-        c->auth_state = AUTH_CREDS;
+        c->auth_state = SA_CREDS;
         break;
-    case AUTH_CREDS: /* XOAUTH2 / OAUTHBEARER: an error challenge (RFC 7628 §3.2.3) */
+    case SA_CREDS: /* XOAUTH2 / OAUTHBEARER: an error challenge (RFC 7628 §3.2.3) */
         if (c->auth_mech == SMTPE_SASL_XOAUTH2)
             ok = queue_text(c, K_AUTH, "\r\n");
         else if (c->auth_mech == SMTPE_SASL_OAUTHBEARER)
@@ -1396,9 +1413,9 @@ static void auth_challenge(smtpe_client *c, smtpe_span text)
             protocol_error(c, "a 334 after the credentials were sent");
             return;
         }
-        c->auth_state = AUTH_ERROR;
+        c->auth_state = SA_ERROR;
         break;
-    case AUTH_OTHER: { /* the challenge goes to the host, decoded in place */
+    case SA_OTHER: { /* the challenge goes to the host, decoded in place */
         uint8_t *m = c->line + (text.ptr - c->line);
         size_t n = smtpe__base64_decode(m, text.len, m);
         if (n == SMTPE__BASE64_BAD) {
@@ -1572,41 +1589,21 @@ static int tx_queue(smtpe_client *c, int kind, uint32_t arg, const uint8_t *line
     return 1;
 }
 
-/* One XFORWARD line (Postfix XFORWARD_README) with the next advertised attributes. */
+/* One XFORWARD line with the next advertised attributes. */
 static int queue_xforward(smtpe_client *c)
 {
     const smtpe_client_txn *t = c->txn;
     uint8_t line[LINE_MAX_CMD];
-    wr w = {line, 0, LINE_MAX_CMD - 2, 0};
-    size_t i = c->xforward_at, n = 0;
-    w_str(&w, "XFORWARD");
-    for (; i < t->xforward_count; i++) {
-        const smtpe_param *a = &t->xforward[i];
-        size_t mark = w.len;
-        if (!name_listed(c->caps.xforward, a->keyword))
-            continue;
-        w_put(&w, " ", 1);
-        w_put(&w, a->keyword.ptr, a->keyword.len);
-        w_put(&w, "=", 1);
-        w_xtext(&w, a->value.ptr, a->value.len);
-        if (w.over) {
-            w.over = 0;
-            w.len = mark;
-            if (n == 0)
-                continue;
-            break;
-        }
-        n++;
-    }
-    if (n == 0) {
+    size_t at = c->xforward_at;
+    size_t len = attr_line("XFORWARD", t->xforward, t->xforward_count, c->caps.xforward, &at,
+                           line);
+    if (len == 0) {
         c->xforward_at = t->xforward_count;
         return 1;
     }
-    w.cap = LINE_MAX_CMD;
-    w_str(&w, "\r\n");
-    if (!tx_queue(c, K_XFORWARD, 0, line, w.len))
+    if (!tx_queue(c, K_XFORWARD, 0, line, len))
         return 0;
-    c->xforward_at = i;
+    c->xforward_at = at;
     return 1;
 }
 
@@ -1750,7 +1747,7 @@ static int data_finish(smtpe_client *c)
         content_refused(c);
         return 1;
     }
-    out_commit(c, to_b, w);
+    out_put_done(c, to_b, w);
     end_queued(c, K_DOT, 3);
     return 1;
 }
@@ -1765,7 +1762,7 @@ static smtpe_ssize content_data(smtpe_client *c, const uint8_t *p, size_t n, int
         if (!q)
             break;
         k = smtpe__stuff_encode(&c->st, p + used, n - used, q, room, &w);
-        out_commit(c, to_b, w);
+        out_put_done(c, to_b, w);
         used += k;
         if (c->st.refused) {
             content_refused(c);
@@ -1824,7 +1821,7 @@ static smtpe_ssize content_bdat(smtpe_client *c, const uint8_t *p, size_t n, int
     hl = hw.len;
     memmove(q + hl, q + BDAT_HEAD, w);
     memcpy(q, head, hl);
-    out_commit(c, to_b, hl + w);
+    out_put_done(c, to_b, hl + w);
     c->bdat_out = 1;
     if (is_last) {
         end_queued(c, K_BDAT_LAST, hl);
@@ -2000,7 +1997,7 @@ static void on_auth(smtpe_client *c, unsigned code, smtpe_span text)
         auth_challenge(c, text);
     } else if (code / 100 == 2) {
         c->authenticated = c->caps.authenticated = 1;
-        c->auth_state = AUTH_IDLE;
+        c->auth_state = SA_IDLE;
         setup_next(c);
     } else {
         auth_failed(c, code, text);
@@ -2190,8 +2187,8 @@ static void advance(smtpe_client *c)
     }
     if (c->phase == PH_CLOSED)
         return;
-    if (c->auth_step_ready && out_pending(c) == 0 && c->q_count == 0) {
-        qent *e = q_push(c, Q_EVENT);
+    if (c->auth_step_ready && out_unsent(c) == 0 && c->q_count == 0) {
+        qent *e = ev_push(c, Q_EVENT);
         e->ev.type = SMTPE_CEV_AUTH_STEP;
         e->ev.auth_step.step = c->auth_step;
         e->ev.auth_step.challenge.ptr = c->line + c->auth_chal;
@@ -2226,7 +2223,7 @@ static void advance(smtpe_client *c)
 int smtpe_client_next_event_versioned(smtpe_client *c, int event_version,
                                       smtpe_client_event *ev)
 {
-    size_t size = LAYOUT_SIZE(event_sizes, event_version);
+    size_t size = LAYOUT_SIZE(client_event_sizes, event_version);
     smtpe_client_event out;
     if (!c || !ev || size == 0)
         return 0;
@@ -2313,7 +2310,7 @@ unsigned smtpe_client_want(const smtpe_client *c)
     unsigned w = 0;
     if (!c)
         return 0;
-    if (out_pending(c) > 0)
+    if (out_unsent(c) > 0)
         w |= SMTPE_WANT_WRITE;
     if (c->q_count > 0)
         w |= SMTPE_WANT_EVENT;
@@ -2356,7 +2353,7 @@ static uint64_t timeout_now(const smtpe_client *c)
     }
     if (c->content == CT_WANTED || c->content == CT_FINISHING)
         return k->data_block_timeout_ms;
-    if (out_pending(c) > 0)
+    if (out_unsent(c) > 0)
         return k->command_timeout_ms;
     return 0;
 }
@@ -2446,19 +2443,19 @@ const smtpe_client_caps *smtpe_client_get_caps(const smtpe_client *c)
  * Creation
  * ---------------------------------------------------------------------------------------- */
 
-static void *default_alloc(size_t size, void *ud)
+static void *client_alloc(size_t size, void *ud)
 {
     (void)ud;
     return malloc(size);
 }
 
-static void default_free(void *p, void *ud)
+static void client_free_mem(void *p, void *ud)
 {
     (void)ud;
     free(p);
 }
 
-static int session_setup(smtpe_client *c, const smtpe_client_config *cfg, const layout *l)
+static int client_setup(smtpe_client *c, const smtpe_client_config *cfg, const client_layout *l)
 {
     uint8_t *base = (uint8_t *)c;
     memset(c, 0, sizeof *c);
@@ -2480,7 +2477,7 @@ static int session_setup(smtpe_client *c, const smtpe_client_config *cfg, const 
         size_t n = smtpe__proxy_emit(cfg->proxy, c->out, c->out_cap);
         if (n == 0)
             return 0;
-        out_commit(c, 0, n);
+        out_put_done(c, 0, n);
     }
     if (cfg->tls == SMTPE_TLS_IMPLICIT) {
         c->phase = PH_IMPLICIT;
@@ -2495,18 +2492,18 @@ int smtpe_client_init_versioned(smtpe_client **out, void *mem, size_t len, int c
                                 const smtpe_client_config *cfg, uint64_t now_ms)
 {
     smtpe_client_config k;
-    layout l;
+    client_layout l;
     (void)now_ms;
-    if (!out || !mem || !cfg || !config_latest(config_version, cfg, &k) ||
+    if (!out || !mem || !cfg || !client_config_latest(config_version, cfg, &k) ||
         !config_strings_valid(&k))
         return SMTPE_ERR_INVALID_ARGUMENT;
-    if (!layout_of(&k, &l))
+    if (!client_layout_of(&k, &l))
         return SMTPE_ERR_CONFIG;
     if ((uintptr_t)mem % _Alignof(max_align_t) != 0)
         return SMTPE_ERR_INVALID_ARGUMENT;
     if (len < l.total)
         return SMTPE_ERR_BUFFER_TOO_SMALL;
-    if (!session_setup(mem, &k, &l))
+    if (!client_setup(mem, &k, &l))
         return SMTPE_ERR_CONFIG;
     *out = mem;
     return 0;
@@ -2517,23 +2514,23 @@ int smtpe_client_new_versioned(smtpe_client **out, int config_version,
                                uint64_t now_ms)
 {
     smtpe_client_config k;
-    layout l;
-    smtpe_allocator a = {default_alloc, default_free, NULL};
+    client_layout l;
+    smtpe_allocator a = {client_alloc, client_free_mem, NULL};
     smtpe_client *c;
     (void)now_ms;
     if (!out || !cfg)
         return SMTPE_ERR_INVALID_ARGUMENT;
     *out = NULL;
-    if (!config_latest(config_version, cfg, &k) || !config_strings_valid(&k))
+    if (!client_config_latest(config_version, cfg, &k) || !config_strings_valid(&k))
         return SMTPE_ERR_INVALID_ARGUMENT;
     if (alloc && alloc->alloc && alloc->free)
         a = *alloc;
-    if (!layout_of(&k, &l))
+    if (!client_layout_of(&k, &l))
         return SMTPE_ERR_CONFIG;
     c = a.alloc(l.total, a.ud);
     if (!c)
         return SMTPE_ERR_NOMEM;
-    if (!session_setup(c, &k, &l)) {
+    if (!client_setup(c, &k, &l)) {
         a.free(c, a.ud);
         return SMTPE_ERR_CONFIG;
     }
@@ -2548,3 +2545,16 @@ void smtpe_client_free(smtpe_client *c)
     if (c && c->owned)
         c->alloc.free(c, c->alloc.ud);
 }
+
+/* This file's macros end here (the amalgamated smtpe.c puts the sources in one file). */
+#undef LINE_MAX_CMD
+#undef RCPT_LINE_MAX
+#undef MAIL_LINE_MAX
+#undef TOKEN_MAX
+#undef AUTH_DATA_MAX
+#undef CAP_LINE_MAX
+#undef EVQ_MAX
+#undef ENVID_MAX
+#undef BDAT_HEAD
+#undef LAYOUT_SIZE
+#undef ALIGN_UP
