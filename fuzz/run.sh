@@ -5,10 +5,10 @@
 #
 # SECONDS (default 60) is the time each target runs; TARGET defaults to every fuzz/fuzz_*.c.
 # Targets run side by side, as many at a time as there are cores (override with JOBS=n), each
-# with the dictionary fuzz/smtp.dict and a working corpus fuzz/corpus-work/TARGET/ that starts
-# as a copy of the seeds in fuzz/corpus/TARGET/ (plus, for fuzz_session and fuzz_command, every
-# tests/transcripts/*.txt converted by fuzz/transcript_seed.c) and keeps what the fuzzer finds
-# between runs.
+# with the dictionary fuzz/smtp.dict (plus fuzz/TARGET.dict, if there is one) and a working
+# corpus fuzz/corpus-work/TARGET/ that starts as a copy of the seeds in fuzz/corpus/TARGET/ (plus,
+# for fuzz_session and fuzz_command, every tests/transcripts/*.txt converted by
+# fuzz/transcript_seed.c) and keeps what the fuzzer finds between runs.
 #
 # Binaries, logs and crash inputs go to fuzz/out/ (both directories are gitignored). The script
 # exits non-zero if any target found a crash, a timeout, a leak or an oracle violation. Reproduce
@@ -110,6 +110,7 @@ max_len() {
     fuzz_bdat) echo 2048 ;;
     fuzz_reply) echo 2200 ;;
     fuzz_reply_parse) echo 4096 ;;
+    fuzz_client) echo 4096 ;;
     fuzz_command) echo 2048 ;;
     *) echo 600 ;;
     esac
@@ -122,7 +123,13 @@ run_one() {
         cp -n "fuzz/corpus/$t"/* "$WORK/$t"/ 2>/dev/null || true
     fi
     set +e
-    "$OUT/$t" -dict=fuzz/smtp.dict -max_len="$(max_len "$t")" -max_total_time="$SECONDS_EACH" \
+    # a target's own dictionary fuzz/TARGET.dict, if any, goes with smtp.dict (libFuzzer takes one)
+    local dict=fuzz/smtp.dict
+    if [ -f "fuzz/$t.dict" ]; then
+        dict=$OUT/$t.dict
+        cat fuzz/smtp.dict "fuzz/$t.dict" >"$dict"
+    fi
+    "$OUT/$t" -dict="$dict" -max_len="$(max_len "$t")" -max_total_time="$SECONDS_EACH" \
         -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$OUT/$t-" \
         "$WORK/$t" >"$log" 2>&1
     echo $? >"$OUT/$t.rc"
