@@ -27,6 +27,7 @@
 #include "conn.h"
 #include "jobs.h"
 #include "log.h"
+#include "net.h"
 #include "signals.h"
 #include "timers.h"
 
@@ -209,6 +210,7 @@ static void lp_accept(struct loop *l, uint64_t now)
         }
         struct census_seat seat;
         int rc;
+        net_accepted(fd, (struct sockaddr *)&ss);
         now = host_now_ms(); /* a session's timeouts count from its own accept */
         rc = conn_admit(l->ctx, l->census, l->slot, (struct sockaddr *)&ss, &seat);
         if (rc != CENSUS_OK)

@@ -249,6 +249,13 @@ const char *net_unix_path(const struct sockaddr *sa)
     return sa->sa_family == AF_UNIX ? ((const struct sockaddr_un *)sa)->sun_path : NULL;
 }
 
+void net_accepted(int fd, const struct sockaddr *peer)
+{
+    int one = 1;
+    if (peer->sa_family == AF_INET || peer->sa_family == AF_INET6)
+        (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
 int net_parse_cidr(const char *text, struct net_cidr *out)
 {
     char buf[NET_IP_MAX];

@@ -75,4 +75,9 @@ int net_parse_target(const char *text, struct net_target *t, char *err, size_t e
  * (ADDRESS): <reason>", the last address's reason when several failed). */
 int net_connect(const struct net_target *t, uint64_t timeout_ms, char *err, size_t errlen);
 
+/* Readies an accepted connection: TCP_NODELAY on a TCP socket, so that the last reply of a
+ * pipelined batch (written on its own after its verdict) is not held back by Nagle's
+ * algorithm until the client's delayed ACK, about 40 ms. */
+void net_accepted(int fd, const struct sockaddr *peer);
+
 #endif

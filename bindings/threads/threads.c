@@ -233,6 +233,7 @@ static int th_accept(struct th_shared *sh, const pthread_attr_t *attr, int lfd)
                          "last report)", strerror(errno), TH_ACCEPT_PAUSE_MS, quiet + 1);
             return -1;
         }
+        net_accepted(fd, (struct sockaddr *)&ss);
         th_start(sh, attr, fd, &ss);
     }
 }
