@@ -1,8 +1,8 @@
 /*
- * bench_engine.c - in-memory micro-benchmark of the smtpe server engine (no sockets, no
- * threads): the engine is driven through the public API exactly as a host drives it
- * (smtpe_server_recv / next_event / accept / send_buf / send_ack), with the client's octets
- * coming from memory.
+ * bench_engine.c - in-memory micro-benchmark of the smtpe server and client engines (no
+ * sockets, no threads): each engine is driven through the public API exactly as a host drives
+ * it (smtpe_server_recv / next_event / accept / send_buf / send_ack; smtpe_client_submit /
+ * recv / next_event / content / send_buf / send_ack), the peer's octets coming from memory.
  *
  * It measures
  *   1. whole sessions per second - greeting, EHLO, MAIL, RCPT, DATA with a 4 KB body, QUIT,
@@ -18,7 +18,15 @@
  *      as a pipelining client sends it), each RCPT's verdict coming from an asynchronous
  *      lookup that answers 20 ms after the host starts it, on a simulated clock: how long the
  *      transaction takes on that clock with max_pending_verdicts 1 (one lookup at a time)
- *      and 101 (all at once), and the engine's CPU time per such session for each.
+ *      and 101 (all at once), and the engine's CPU time per such session for each;
+ *   5. the client engine against canned server replies: whole client sessions per second
+ *      (submitted before the greeting; greeting, EHLO offering PIPELINING, MAIL + RCPT + DATA
+ *      in one write, a 4 KB message of 76-octet lines, its 250, QUIT, 221) in reused caller
+ *      memory (smtpe_client_init), beside the server's session figure of the same run; and the
+ *      content path (smtpe_client_content, the output acknowledged uncopied) in GB/s of
+ *      content octets by DATA (dot-stuffing) and BDAT (64 KiB chunks, each chunk's reply fed
+ *      before the next), for 4 KB messages, 1 MiB of 76-octet lines and 1 MiB of HTML in
+ *      lines of 600-990 octets, each beside memcpy of the same octets in the same pieces.
  * Each figure is the best and the median of several runs (CLOCK_MONOTONIC). Every run checks
  * what the engine answered and delivered, and the program exits 1 if anything was wrong, so
  * `--quick` doubles as a smoke test (ctest bench_smoke).
@@ -506,6 +514,447 @@ static double bench_lookups(const smtpe_server_config *cfg, long n, uint64_t loo
     return t;
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* 5. the client engine, against canned server replies                                        */
+
+/* What a client host does with the engine. The server's replies come from string constants;
+ * what the engine sends is counted and acknowledged (a real host would write(2) it), and kept
+ * in record only when record is not NULL (the checked session of each run). */
+typedef struct chost {
+    uint64_t out_octets;          /* octets the engine handed out */
+    uint8_t *record;              /* NULL, or where the output is kept, record_cap octets */
+    size_t record_len, record_cap;
+    int ready, content_events, delivered, not_delivered, done, closed_quit, closed_other;
+    int quit_after_done;          /* ask for QUIT at TRANSACTION_DONE */
+} chost;
+
+static void chost_send(smtpe_client *c, chost *h)
+{
+    size_t len;
+    const uint8_t *p;
+    while ((p = smtpe_client_send_buf(c, &len)) != NULL && len > 0) {
+        if (h->record && h->record_len + len <= h->record_cap) {
+            memcpy(h->record + h->record_len, p, len);
+            h->record_len += len;
+        }
+        h->out_octets += len;
+        smtpe_client_send_ack(c, len);
+    }
+}
+
+static void chost_events(smtpe_client *c, chost *h)
+{
+    smtpe_client_event ev;
+    while (smtpe_client_next_event(c, &ev) == 1) {
+        switch (ev.type) {
+        case SMTPE_CEV_READY: h->ready++; break;
+        case SMTPE_CEV_CONTENT: h->content_events++; break;
+        case SMTPE_CEV_OUTCOME:
+            if (ev.outcome.outcome == SMTPE_OUTCOME_DELIVERED)
+                h->delivered++;
+            else
+                h->not_delivered++;
+            break;
+        case SMTPE_CEV_TRANSACTION_DONE:
+            h->done++;
+            if (h->quit_after_done)
+                EXPECT(smtpe_client_quit(c) == 0, "client: QUIT refused");
+            break;
+        case SMTPE_CEV_CLOSED:
+            if (ev.closed.reason == SMTPE_CLOSE_QUIT)
+                h->closed_quit++;
+            else if (h->closed_other++ == 0)
+                EXPECT(0, "client: session closed, reason %d: %.*s", ev.closed.reason,
+                       (int)ev.closed.text.len, (const char *)ev.closed.text.ptr);
+            break;
+        default: EXPECT(0, "client: unexpected event %d", (int)ev.type); break;
+        }
+    }
+}
+
+/* Feeds the server's octets p[0..n) as one read, taking events and sending output in
+ * between, as a client host loop does. */
+static void chost_feed(smtpe_client *c, chost *h, const char *p, size_t n)
+{
+    int stalls = 0;
+    while (n > 0) {
+        smtpe_ssize r = smtpe_client_recv(c, (const uint8_t *)p, n, 0);
+        if (r < 0) {
+            EXPECT(0, "client: recv: %s", smtpe_strerror((int)r));
+            return;
+        }
+        p += r;
+        n -= (size_t)r;
+        chost_events(c, h);
+        chost_send(c, h);
+        if (r == 0 && ++stalls > 1) {
+            EXPECT(0, "client: recv consumes nothing");
+            return;
+        }
+    }
+}
+
+static void chost_feed_str(smtpe_client *c, chost *h, const char *s)
+{
+    chost_feed(c, h, s, strlen(s));
+}
+
+/* Gives the whole content msg[0..len) in pieces of at most piece octets (the last with
+ * last = 1), sending the output after each call. Under BDAT each chunk but the last needs its
+ * reply before the next one goes (RFC 3030 §2): pre (the replies owed before it: MAIL's and
+ * RCPT's when the first BDAT went with the pipelined group) then a 250 for the chunk are fed
+ * after each call that sent one. Returns 1 if pre was fed. */
+static int chost_content(smtpe_client *c, chost *h, const uint8_t *msg, size_t len,
+                         size_t piece, int bdat, const char *pre)
+{
+    size_t off = 0;
+    int pre_fed = 0, stalls = 0;
+    for (;;) {
+        size_t k = len - off < piece ? len - off : piece;
+        uint64_t before = h->out_octets;
+        smtpe_ssize r = smtpe_client_content(c, msg + off, k, off + k == len);
+        if (r < 0) {
+            EXPECT(0, "client: content: %s", smtpe_strerror((int)r));
+            return pre_fed;
+        }
+        off += (size_t)r;
+        chost_send(c, h);
+        if ((size_t)r == k && off == len)
+            return pre_fed; /* the end of the content is queued and sent */
+        if (bdat && h->out_octets > before) {
+            if (!pre_fed && pre)
+                chost_feed_str(c, h, pre);
+            pre_fed = 1;
+            chost_feed_str(c, h, "250 2.0.0 Chunk accepted\r\n");
+        }
+        if (r == 0 && ++stalls > 2) {
+            EXPECT(0, "client: content consumes nothing (%zu of %zu given)", off, len);
+            return pre_fed;
+        }
+        if (r > 0)
+            stalls = 0;
+    }
+}
+
+static const char *srv_greeting = "220 mx.example ESMTP\r\n";
+static const char *srv_ehlo = "250-mx.example\r\n250-PIPELINING\r\n250-SIZE 33554432\r\n"
+                              "250-8BITMIME\r\n250-ENHANCEDSTATUSCODES\r\n250-CHUNKING\r\n"
+                              "250 SMTPUTF8\r\n";
+static const char *srv_mail_rcpt = "250 2.1.0 Ok\r\n250 2.1.5 Ok\r\n";
+static const char *srv_mail_rcpt_data = "250 2.1.0 Ok\r\n250 2.1.5 Ok\r\n"
+                                        "354 End data with <CR><LF>.<CR><LF>\r\n";
+static const char *srv_queued = "250 2.0.0 Ok: queued as 7A2F9C0B1\r\n";
+static const char *srv_bye = "221 2.0.0 Bye\r\n";
+
+static const smtpe_client_rcpt client_rcpt = {"recipient@example.com", 0, NULL};
+static smtpe_client_txn client_txn; /* reverse-path sender@example.org, one recipient */
+
+/* A message of exactly len octets (len >= 2): a few header lines, then lines of 76 octets,
+ * every 7th starting with '.', the last one shorter, all ending in CRLF. *stuffed gets the
+ * octets DATA puts on the wire for it, dot-stuffed, ".\r\n" included (RFC 5321 §4.5.2). */
+typedef struct message {
+    uint8_t *p, *stuffed;
+    size_t len, stuffed_len;
+} message;
+
+/* DATA's wire form of msg[0..len) (which ends in CRLF): a '.' doubled at each line start,
+ * then ".\r\n" (RFC 5321 §4.5.2); out has room for len + len / 2 + 3 octets. Returns its
+ * length. */
+static size_t stuff_ref(const uint8_t *msg, size_t len, uint8_t *out)
+{
+    size_t s = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (msg[i] == '.' && (i == 0 || msg[i - 1] == '\n'))
+            out[s++] = '.';
+        out[s++] = msg[i];
+    }
+    memcpy(out + s, ".\r\n", 3);
+    return s + 3;
+}
+
+/* Whether w[0..wl) is what the client must send for the content msg[0..len): DATA's stuffed
+ * form, or (bdat) "BDAT n\r\n" chunks whose n octets are the content, the last "BDAT n
+ * LAST\r\n" (RFC 3030 §2). */
+static int content_wire_ok(int bdat, const uint8_t *w, size_t wl, const uint8_t *msg,
+                           size_t len)
+{
+    if (!bdat) {
+        uint8_t *ref = malloc(len + len / 2 + 3);
+        if (!ref)
+            abort();
+        size_t rl = stuff_ref(msg, len, ref);
+        int ok = rl == wl && memcmp(ref, w, wl) == 0;
+        free(ref);
+        return ok;
+    }
+    size_t at = 0, got = 0;
+    for (;;) {
+        char head[40];
+        size_t h = 0;
+        while (at + h < wl && h + 1 < sizeof head && w[at + h] != '\n') {
+            head[h] = (char)w[at + h];
+            h++;
+        }
+        head[h] = '\0';
+        unsigned long long n;
+        int used = 0;
+        if (at + h >= wl || sscanf(head, "BDAT %llu%n", &n, &used) != 1)
+            return 0;
+        int last = !strcmp(head + used, " LAST\r");
+        if (!last && strcmp(head + used, "\r"))
+            return 0;
+        at += h + 1;
+        if (n > wl - at || n > len - got || memcmp(w + at, msg + got, (size_t)n))
+            return 0;
+        at += (size_t)n;
+        got += (size_t)n;
+        if (last)
+            return at == wl && got == len;
+    }
+}
+
+static void make_message(message *m, size_t len)
+{
+    static const char hdr[] = "From: <sender@example.org>\r\nTo: <recipient@example.com>\r\n"
+                              "Subject: benchmark message\r\n\r\n";
+    m->p = malloc(len);
+    m->stuffed = malloc(len + len / 2 + 3);
+    if (!m->p || !m->stuffed)
+        abort();
+    size_t o = 0;
+    if (len >= sizeof hdr + 1) {
+        memcpy(m->p, hdr, sizeof hdr - 1);
+        o = sizeof hdr - 1;
+    }
+    for (unsigned line = 0; o < len; line++) {
+        size_t left = len - o, l = left - 2 > 76 ? 76 : left - 2;
+        if (left - 2 > 76 && left - 2 - 76 < 2)
+            l = 74; /* no lone octet left for the last line */
+        for (size_t k = 0; k < l; k++)
+            m->p[o + k] = (uint8_t)('a' + (line + k) % 26);
+        if (l > 0 && line % 7 == 3)
+            m->p[o] = '.';
+        o += l;
+        m->p[o++] = '\r';
+        m->p[o++] = '\n';
+    }
+    m->len = len;
+    m->stuffed_len = stuff_ref(m->p, len, m->stuffed);
+}
+
+/* HTML of about len octets in long lines: each line one paragraph of 600..990 octets (under
+ * RFC 5322's 998, so DATA may carry it), with tags, attributes, URLs and text, CRLF ends. */
+static void make_html(message *m, size_t len)
+{
+    static const char *words[] = {
+        "the", "newsletter", "of", "<b>this</b>", "week", "and", "offers", "for", "you",
+        "<a href=\"https://example.com/p?id=42&amp;u=7\">read more</a>", "price", "&nbsp;",
+        "delivery", "in", "2024.", "with", "<span style=\"color:#336699\">news</span>", "our",
+        "team"};
+    const size_t nw = sizeof words / sizeof *words;
+    static const char open[] = "<p style=\"margin:0 0 12px 0;font-family:Arial,Helvetica,"
+                               "sans-serif;font-size:14px;line-height:20px;color:#222222\">";
+    m->p = malloc(len + 2048);
+    if (!m->p)
+        abort();
+    m->stuffed = NULL;
+    m->stuffed_len = 0;
+    uint32_t x = 4242;
+    size_t o = (size_t)sprintf((char *)m->p, "From: <sender@example.org>\r\nTo: "
+                                             "<recipient@example.com>\r\nSubject: html\r\n"
+                                             "MIME-Version: 1.0\r\nContent-Type: text/html; "
+                                             "charset=utf-8\r\n\r\n<html><body>\r\n");
+    while (o < len) {
+        x = x * 1103515245u + 12345u;
+        size_t want = 600 + (x >> 8) % 391, start = o;
+        memcpy(m->p + o, open, sizeof open - 1);
+        o += sizeof open - 1;
+        while (o - start < want - 4 - 20) {
+            x = x * 1103515245u + 12345u;
+            const char *w = words[(x >> 16) % nw];
+            size_t wl = strlen(w);
+            if (o - start + wl + 1 > want - 4)
+                break;
+            memcpy(m->p + o, w, wl);
+            o += wl;
+            m->p[o++] = ' ';
+        }
+        memcpy(m->p + o - 1, "</p>\r\n", 6);
+        o += 5;
+    }
+    memcpy(m->p + o, "</body></html>\r\n", 16);
+    m->len = o + 16;
+}
+
+static void client_config(smtpe_client_config *cc, int chunking, size_t out_size)
+{
+    smtpe_client_config_init(cc);
+    cc->helo_name = "client.example";
+    cc->chunking = chunking;
+    if (out_size)
+        cc->output_buffer_size = out_size;
+}
+
+/* What the client sends in one session of bench_client_sessions, exactly. */
+static size_t client_expected(const message *m, uint8_t *out, size_t cap)
+{
+    static const char cmds[] = "EHLO client.example\r\nMAIL FROM:<sender@example.org>\r\n"
+                               "RCPT TO:<recipient@example.com>\r\nDATA\r\n";
+    size_t n = sizeof cmds - 1;
+    if (n + m->stuffed_len + 6 > cap)
+        abort();
+    memcpy(out, cmds, n);
+    memcpy(out + n, m->stuffed, m->stuffed_len);
+    n += m->stuffed_len;
+    memcpy(out + n, "QUIT\r\n", 6);
+    return n + 6;
+}
+
+/* One whole client session: submitted before the greeting; greeting, EHLO (PIPELINING
+ * offered), MAIL + RCPT + DATA in one write answered by one read, the message as one piece,
+ * its 250, QUIT, 221. */
+static void client_session(const smtpe_client_config *cc, void *mem, size_t size,
+                           const message *m, chost *h)
+{
+    smtpe_client *c;
+    int rc = smtpe_client_init(&c, mem, size, cc, 0);
+    if (rc != 0) {
+        EXPECT(0, "client init: %s", smtpe_strerror(rc));
+        return;
+    }
+    EXPECT(smtpe_client_submit(c, &client_txn) == 0, "client submit");
+    int content = h->content_events, delivered = h->delivered, quit = h->closed_quit;
+    h->quit_after_done = 1;
+    chost_feed_str(c, h, srv_greeting);
+    chost_feed_str(c, h, srv_ehlo);
+    chost_feed_str(c, h, srv_mail_rcpt_data);
+    EXPECT(h->content_events == content + 1, "client session: no CONTENT after the 354");
+    chost_content(c, h, m->p, m->len, m->len, 0, NULL);
+    chost_feed_str(c, h, srv_queued);
+    chost_feed_str(c, h, srv_bye);
+    EXPECT(h->delivered == delivered + 1 && h->closed_quit == quit + 1,
+           "client session: not delivered or not closed by QUIT");
+}
+
+static double bench_client_sessions(const smtpe_client_config *cc, long n, const message *m,
+                                    chost *h)
+{
+    static uint8_t want[8192], got[8192];
+    size_t want_len = client_expected(m, want, sizeof want);
+    size_t size = smtpe_client_memory_size(cc);
+    void *mem = malloc(size);
+    if (!mem)
+        abort();
+    /* one session with its output kept and compared octet for octet */
+    h->record = got;
+    h->record_len = 0;
+    h->record_cap = sizeof got;
+    client_session(cc, mem, size, m, h);
+    EXPECT(h->record_len == want_len && memcmp(got, want, want_len) == 0,
+           "client session output differs (%zu octets, want %zu)", h->record_len, want_len);
+    h->record = NULL;
+    uint64_t before = h->out_octets;
+    double t0 = now_s();
+    for (long i = 0; i < n; i++)
+        client_session(cc, mem, size, m, h);
+    double t = now_s() - t0;
+    EXPECT(h->out_octets - before == (uint64_t)n * want_len, "client sessions sent %llu octets, "
+           "want %llu", (unsigned long long)(h->out_octets - before),
+           (unsigned long long)n * want_len);
+    free(mem);
+    return t;
+}
+
+/* The cost of one now_s() call in seconds, subtracted once from each timed content phase (a
+ * 4 KB message takes only about a µs): the mean over a batch of 200 calls, the smallest of 10
+ * batches (a preemption only ever makes a batch slower). */
+static double timer_cost(void)
+{
+    double best = 1.0;
+    for (int b = 0; b < 10; b++) {
+        double t0 = now_s();
+        for (int i = 0; i < 200; i++)
+            (void)now_s();
+        double t = (now_s() - t0) / 201;
+        if (t < best)
+            best = t;
+    }
+    return best;
+}
+
+/* count transactions of the message msg[0..len) on one session (init, greeting, EHLO with
+ * PIPELINING and CHUNKING), by DATA or (bdat) BDAT, the content given in pieces of at most
+ * piece octets and the output acknowledged as it comes. Returns the seconds spent giving the
+ * content and sending what it became (the BDAT chunk replies included), less the timer. One
+ * more transaction before them, untimed, has its content octets checked on the wire. */
+static double bench_client_content(int bdat, const uint8_t *msg, size_t len, size_t piece,
+                                   long count, chost *h)
+{
+    smtpe_client_config cc;
+    client_config(&cc, bdat, 65536 + 1024);
+    size_t size = smtpe_client_memory_size(&cc);
+    void *mem = malloc(size);
+    smtpe_client *c;
+    if (!mem || smtpe_client_init(&c, mem, size, &cc, 0) != 0)
+        abort();
+    h->quit_after_done = 0;
+    chost_feed_str(c, h, srv_greeting);
+    chost_feed_str(c, h, srv_ehlo);
+    EXPECT(h->ready > 0, "client content: not ready after the EHLO reply");
+    double timer = timer_cost(), total = 0;
+    int delivered = h->delivered, done = h->done;
+    size_t record_cap = len + len / 2 + 65536;
+    uint8_t *record = malloc(record_cap);
+    if (!record)
+        abort();
+    for (long i = -1; i < count; i++) {
+        int content = h->content_events;
+        if (smtpe_client_submit(c, &client_txn) != 0) {
+            EXPECT(0, "client content: submit refused (transaction %ld)", i);
+            break;
+        }
+        chost_events(c, h);
+        chost_send(c, h);
+        if (!bdat)
+            chost_feed_str(c, h, srv_mail_rcpt_data);
+        EXPECT(h->content_events == content + 1, "client content: no CONTENT event");
+        if (i < 0) {
+            h->record = record;
+            h->record_len = 0;
+            h->record_cap = record_cap;
+        }
+        double t0 = now_s();
+        int pre_fed = chost_content(c, h, msg, len, piece, bdat, srv_mail_rcpt);
+        if (i >= 0)
+            total += now_s() - t0 - timer;
+        if (i < 0) {
+            EXPECT(content_wire_ok(bdat, record, h->record_len, msg, len),
+                   "client content (%s): wrong octets on the wire", bdat ? "BDAT" : "DATA");
+            h->record = NULL;
+        }
+        if (bdat && !pre_fed)
+            chost_feed_str(c, h, srv_mail_rcpt);
+        chost_feed_str(c, h, srv_queued);
+    }
+    EXPECT(h->delivered - delivered == count + 1 && h->done - done == count + 1,
+           "client content (%s): %d of %ld delivered", bdat ? "BDAT" : "DATA",
+           h->delivered - delivered, count + 1);
+    free(record);
+    free(mem);
+    return total;
+}
+
+/* memcpy of msg[0..len) count times in pieces of at most piece octets into the host's sink. */
+static double bench_client_memcpy(const uint8_t *msg, size_t len, size_t piece, long count,
+                                  host *h)
+{
+    double t0 = now_s();
+    for (long i = 0; i < count; i++)
+        for (size_t off = 0; off < len; off += piece)
+            sink_copy(h, msg + off, len - off < piece ? len - off : piece);
+    return now_s() - t0;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f,
@@ -515,13 +964,18 @@ static void usage(FILE *f)
             "sessions/s (banner, EHLO, MAIL, RCPT, DATA 4 KB, QUIT; smtpe_server_init in\n"
             "reused memory and smtpe_server_new/free), ns per command, DATA throughput\n"
             "in GB/s beside memcpy of the same octets, and a pipelined transaction of 100\n"
-            "RCPTs with 20 ms lookups one at a time and concurrently. Best and median of\n"
-            "--runs runs.\n"
+            "RCPTs with 20 ms lookups one at a time and concurrently. Then the client\n"
+            "engine against canned replies: client sessions/s (smtpe_client_init in reused\n"
+            "memory, PIPELINING, 4 KB message) and its content encoding in GB/s by DATA\n"
+            "and BDAT (4 KB messages, 1 MiB of 76-octet lines, 1 MiB of long-line HTML)\n"
+            "beside memcpy. Best and median of --runs runs.\n"
             "\n"
             "  --quick        tiny counts: a smoke test that the benchmark runs and checks\n"
             "  --runs N       repetitions of each measurement (default 5, at most %d)\n"
-            "  --sessions N   sessions per run (default 100000)\n"
-            "  --data-mib N   size of the DATA body in MiB (default 64), fed in 64 KiB reads\n"
+            "  --sessions N   sessions per run (default 100000), server and client\n"
+            "  --data-mib N   size of the DATA body in MiB (default 64), fed in 64 KiB reads;\n"
+            "                 also the client content per run: N MiB of 4 KB messages, N/4\n"
+            "                 messages (at least 1) of each 1 MiB body\n"
             "\n"
             "Build it as Release for meaningful figures:\n"
             "  cmake -B build-release -DCMAKE_BUILD_TYPE=Release && \\\n"
@@ -603,6 +1057,34 @@ int main(int argc, char **argv)
     double t_seq[MAX_RUNS], t_conc[MAX_RUNS];
     uint64_t sim_seq = 0, sim_conc = 0;
 
+    /* 5. the client engine */
+    static chost ch;
+    smtpe_client_config ccfg;
+    client_config(&ccfg, 0, 0);
+    client_txn.reverse_path = "sender@example.org";
+    client_txn.rcpts = &client_rcpt;
+    client_txn.rcpt_count = 1;
+    message msg4k, lines1m, html1m;
+    make_message(&msg4k, 4096);
+    make_message(&lines1m, 1 << 20);
+    make_html(&html1m, 1 << 20);
+    enum { CB_4K, CB_LINES, CB_HTML, CB_N };
+    const struct {
+        const message *m;
+        size_t piece;
+        long count;
+        const char *name, *copy_name;
+    } cbody[CB_N] = {
+        {&msg4k, 4096, (long)(data_mib << 8), "4 KB messages (76-octet lines)",
+         "memcpy of the same octets, 4 KB pieces"},
+        {&lines1m, 65536, data_mib / 4 ? (long)(data_mib / 4) : 1,
+         "1 MiB of 76-octet lines, 64 KiB pieces", "memcpy of the same octets, 64 KiB pieces"},
+        {&html1m, 65536, data_mib / 4 ? (long)(data_mib / 4) : 1,
+         "1 MiB of HTML, 600-990-octet lines", "memcpy of the same octets, 64 KiB pieces"},
+    };
+    double t_client[MAX_RUNS], t_cdata[CB_N][MAX_RUNS], t_cbdat[CB_N][MAX_RUNS];
+    double t_ccopy[CB_N][MAX_RUNS];
+
     for (int r = 0; r < runs; r++) {
         t_init[r] = bench_sessions(&cfg, 0, sessions, &h);
         t_new[r] = bench_sessions(&cfg, 1, sessions, &h);
@@ -614,6 +1096,16 @@ int main(int argc, char **argv)
         t_bin[r] = bench_bdat(&bdat_cfg, mail_binary, &wire, read_size, &h);
         t_seq[r] = bench_lookups(&seq_cfg, lookup_sessions, lookup_ms, &sim_seq, &h);
         t_conc[r] = bench_lookups(&conc_cfg, lookup_sessions, lookup_ms, &sim_conc, &h);
+        t_client[r] = bench_client_sessions(&ccfg, sessions, &msg4k, &ch);
+        for (int k = 0; k < CB_N; k++) {
+            const message *m = cbody[k].m;
+            t_cdata[k][r] = bench_client_content(0, m->p, m->len, cbody[k].piece,
+                                                 cbody[k].count, &ch);
+            t_ccopy[k][r] = bench_client_memcpy(m->p, m->len, cbody[k].piece, cbody[k].count,
+                                                &h);
+            t_cbdat[k][r] = bench_client_content(1, m->p, m->len, cbody[k].piece,
+                                                 cbody[k].count, &ch);
+        }
     }
 
     double b, m, bc, mc;
@@ -623,9 +1115,17 @@ int main(int argc, char **argv)
     printf("%-44s %12.0f/s %12.0f/s   (%.0f ns/session, %.0f ns per step of 6)\n",
            "sessions, smtpe_server_init (reused memory)", sessions / b, sessions / m,
            b * 1e9 / sessions, b * 1e9 / sessions / 6);
+    double sb, sm;
+    best_median(t_init, runs, &sb, &sm); /* sorted already: the same best and median */
     best_median(t_new, runs, &b, &m);
     printf("%-44s %12.0f/s %12.0f/s   (%.0f ns/session)\n", "sessions, smtpe_server_new/free",
            sessions / b, sessions / m, b * 1e9 / sessions);
+    best_median(t_client, runs, &b, &m);
+    printf("%-44s %12.0f/s %12.0f/s   (%.2f µs/session)\n",
+           "client sessions, smtpe_client_init (reused)", sessions / b, sessions / m,
+           b * 1e6 / sessions);
+    printf("%-44s %12.3f   %12.3f\n", "ratio client / server session time (init)", b / sb,
+           m / sm);
     best_median(t_noop, runs, &b, &m);
     printf("%-44s %11.1f ns %11.1f ns\n", "command NOOP (engine alone), pipelined",
            b * 1e9 / (cmd_reps * 16.0), m * 1e9 / (cmd_reps * 16.0));
@@ -645,6 +1145,25 @@ int main(int argc, char **argv)
     best_median(t_bin, runs, &b, &m);
     printf("%-44s %9.2f GB/s %9.2f GB/s\n", "BDAT 1 MiB chunks, BODY=BINARYMIME",
            wire.len / b / 1e9, wire.len / m / 1e9);
+    printf("\nclient content, smtpe_client_content, output acked uncopied (content octets):\n");
+    for (int k = 0; k < CB_N; k++) {
+        double octets = (double)cbody[k].m->len * (double)cbody[k].count, db, dm, bb, bm;
+        char label[64];
+        best_median(t_cdata[k], runs, &db, &dm);
+        best_median(t_cbdat[k], runs, &bb, &bm);
+        best_median(t_ccopy[k], runs, &bc, &mc);
+        printf("  %s:\n", cbody[k].name);
+        printf("%-44s %9.2f GB/s %9.2f GB/s\n", "    DATA (dot-stuffed)", octets / db / 1e9,
+               octets / dm / 1e9);
+        printf("%-44s %9.2f GB/s %9.2f GB/s\n", "    BDAT (one chunk per piece)",
+               octets / bb / 1e9, octets / bm / 1e9);
+        snprintf(label, sizeof label, "    %s", cbody[k].copy_name);
+        printf("%-44s %9.2f GB/s %9.2f GB/s\n", label, octets / bc / 1e9, octets / mc / 1e9);
+        printf("%-44s %12.3f   %12.3f\n", "    ratio DATA speed / memcpy speed", bc / db,
+               mc / dm);
+        printf("%-44s %12.3f   %12.3f\n", "    ratio BDAT speed / memcpy speed", bc / bb,
+               mc / bm);
+    }
     printf("\npipelined MAIL + %d RCPTs + DATA, each RCPT verdict from a %llu ms lookup:\n",
            LOOKUP_RCPTS, (unsigned long long)lookup_ms);
     printf("%-44s %9llu ms\n", "  simulated time, max_pending_verdicts 1", (unsigned long long)sim_seq);
@@ -660,13 +1179,26 @@ int main(int argc, char **argv)
            "octets per second. The 64 KiB sink stays in cache, so memcpy is a cache-hot bound.\n"
            "Session body: %zu octets.\n",
            big.len, big.len / 1048576.0, big.content, body4k_len);
+    printf("Client: %.1f ns per clock read subtracted from each timed content phase; per run\n"
+           "%ld 4 KB messages and %ld of each 1 MiB body; the client session sends %zu\n"
+           "octets of content (%zu before stuffing). The client's output ring is 65 KiB for\n"
+           "the content rows and 16 KiB (the default) for the sessions.\n",
+           timer_cost() * 1e9, cbody[CB_4K].count, cbody[CB_LINES].count, msg4k.stuffed_len,
+           msg4k.len);
     /* what the host did, so none of it can be optimised away */
     unsigned sum = 0;
     for (size_t i = 0; i < sizeof h.sink; i += 64)
         sum += h.sink[i];
-    printf("host: %llu reply octets sent, %llu content octets stored (checksum %u)\n",
-           (unsigned long long)h.out_octets, (unsigned long long)h.content, sum);
+    printf("host: %llu reply octets sent, %llu content octets stored (checksum %u); "
+           "client: %llu octets sent\n",
+           (unsigned long long)h.out_octets, (unsigned long long)h.content, sum,
+           (unsigned long long)ch.out_octets);
     free(big.p);
+    free(msg4k.p);
+    free(msg4k.stuffed);
+    free(lines1m.p);
+    free(lines1m.stuffed);
+    free(html1m.p);
     free(wire.p);
     if (failures) {
         fprintf(stderr, "bench: %d checks failed\n", failures);
