@@ -68,6 +68,48 @@ def readme_blocks(path):
     return re.findall(r"```c\n(.*?)```", text[start:end], re.S)
 
 
+CLIENT_WRAP = r"""
+#define _POSIX_C_SOURCE 200809L
+#include <smtpe.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+static uint64_t now_ms(void) { return 0; }
+static void report(const smtpe_client_outcome *o) { (void)o; }
+
+int sketch(int fd, const uint8_t *buf, size_t n, const uint8_t *msg, size_t len)
+{
+    size_t at = 0;
+    int closed = 0;
+%(block)s
+    smtpe_client_free(c);
+    return closed + (int)at;
+}
+"""
+
+
+class ClientSketch(unittest.TestCase):
+    """The C sketch of "## The client engine" compiles as printed, inside a function that
+    supplies what it leaves to the reader (the socket, its buffer, the message, report())."""
+
+    def test_compiles(self):
+        text = open(ARGS.readme, encoding="utf-8").read()
+        start = text.index("## The client engine")
+        end = text.index("\n## ", start + 1)
+        blocks = re.findall(r"```c\n(.*?)```", text[start:end], re.S)
+        self.assertTrue(blocks, "README: no C block in 'The client engine'")
+        with tempfile.TemporaryDirectory() as tmp:
+            src = os.path.join(tmp, "sketch.c")
+            with open(src, "w") as f:
+                f.write(CLIENT_WRAP % {"block": "\n".join("    " + l for l in
+                                                         blocks[0].splitlines())})
+            cmd = ([ARGS.cc, "-std=c11", "-Wall", "-Wextra", "-Werror", "-I", ARGS.include] +
+                   shlex.split(ARGS.cflags or "") + ["-c", src, "-o", os.path.join(tmp, "s.o")])
+            p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            self.assertEqual(p.returncode, 0, "the client sketch does not compile:\n%s\n%s" % (
+                " ".join(cmd), p.stdout.decode("utf-8", "replace")))
+
+
 class ReadmeExample(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
