@@ -363,9 +363,10 @@ typedef struct client_layout {
 
 #define ALIGN_UP(n) (((n) + _Alignof(max_align_t) - 1) / _Alignof(max_align_t) * _Alignof(max_align_t))
 
+/* The layout for c, whose strings the caller has checked (config_strings_valid). */
 static int client_layout_of(const smtpe_client_config *c, client_layout *l)
 {
-    if (!config_strings_valid(c) || !client_config_valid(c))
+    if (!client_config_valid(c))
         return 0;
     l->sent_cap = c->max_unanswered / 6 + 8;
     l->bits_len = ((size_t)c->max_recipients + 7) / 8;
@@ -381,7 +382,7 @@ size_t smtpe_client_memory_size_versioned(int config_version, const smtpe_client
 {
     smtpe_client_config c;
     client_layout l;
-    if (!cfg || !client_config_latest(config_version, cfg, &c))
+    if (!cfg || !client_config_latest(config_version, cfg, &c) || !config_strings_valid(&c))
         return 0;
     return client_layout_of(&c, &l) ? l.total : 0;
 }
@@ -1171,15 +1172,17 @@ static void ehlo_keyword(smtpe_client *c, smtpe_span t)
 {
     static const struct {
         const char *name;
+        size_t len;
         unsigned bit;
-    } known[] = {{"PIPELINING", SMTPE_EXT_PIPELINING}, {"SIZE", SMTPE_EXT_SIZE},
-                 {"8BITMIME", SMTPE_EXT_8BITMIME}, {"SMTPUTF8", SMTPE_EXT_SMTPUTF8},
-                 {"ENHANCEDSTATUSCODES", SMTPE_EXT_ENHANCEDSTATUSCODES},
-                 {"STARTTLS", SMTPE_EXT_STARTTLS}, {"CHUNKING", SMTPE_EXT_CHUNKING},
-                 {"BINARYMIME", SMTPE_EXT_BINARYMIME}, {"DSN", SMTPE_EXT_DSN},
-                 {"REQUIRETLS", SMTPE_EXT_REQUIRETLS}, {"MT-PRIORITY", SMTPE_EXT_MT_PRIORITY},
-                 {"DELIVERBY", SMTPE_EXT_DELIVERBY}, {"XCLIENT", SMTPE_EXT_XCLIENT},
-                 {"XFORWARD", SMTPE_EXT_XFORWARD}};
+    } known[] = {{"PIPELINING", 10, SMTPE_EXT_PIPELINING}, {"SIZE", 4, SMTPE_EXT_SIZE},
+                 {"8BITMIME", 8, SMTPE_EXT_8BITMIME}, {"SMTPUTF8", 8, SMTPE_EXT_SMTPUTF8},
+                 {"ENHANCEDSTATUSCODES", 19, SMTPE_EXT_ENHANCEDSTATUSCODES},
+                 {"STARTTLS", 8, SMTPE_EXT_STARTTLS}, {"CHUNKING", 8, SMTPE_EXT_CHUNKING},
+                 {"BINARYMIME", 10, SMTPE_EXT_BINARYMIME}, {"DSN", 3, SMTPE_EXT_DSN},
+                 {"REQUIRETLS", 10, SMTPE_EXT_REQUIRETLS},
+                 {"MT-PRIORITY", 11, SMTPE_EXT_MT_PRIORITY},
+                 {"DELIVERBY", 9, SMTPE_EXT_DELIVERBY}, {"XCLIENT", 7, SMTPE_EXT_XCLIENT},
+                 {"XFORWARD", 8, SMTPE_EXT_XFORWARD}};
     size_t k = 0;
     smtpe_span v;
     while (k < t.len && t.ptr[k] != ' ' && t.ptr[k] != '=')
@@ -1197,8 +1200,9 @@ static void ehlo_keyword(smtpe_client *c, smtpe_span t)
         return;
     }
     for (size_t i = 0; i < sizeof known / sizeof *known; i++) {
-        size_t n = strlen(known[i].name);
-        if (k != n || !smtpe__has_prefix_ci(t.ptr, n, known[i].name))
+        size_t n = known[i].len;
+        if (k != n || (t.ptr[0] | 0x20) != (known[i].name[0] | 0x20) ||
+            !smtpe__has_prefix_ci(t.ptr, n, known[i].name))
             continue;
         c->caps.extensions |= known[i].bit;
         if (known[i].bit == SMTPE_EXT_SIZE) {

@@ -182,7 +182,13 @@ static HOT_INLINE int plain_octet(uint8_t c, int stop8)
 
 static HOT_INLINE uint64_t stop_octets(uint64_t v, int stop8)
 {
-    uint64_t m = zero_octets(v) | zero_octets(v ^ (ONES * '\r')) | zero_octets(v ^ (ONES * '\n'));
+    /* first one test for "an octet below 0x0E" (CR, LF and NUL are such octets; the test is
+     * exact about whether there is one, as no octet at or above 0x0E borrows): a word of
+     * ordinary text passes with it alone, and only a word that has one pays for the exact
+     * three */
+    uint64_t m = (v - ONES * 0x0E) & ~v & HIGHS;
+    if (m)
+        m = zero_octets(v) | zero_octets(v ^ (ONES * '\r')) | zero_octets(v ^ (ONES * '\n'));
     return stop8 ? m | (v & HIGHS) : m;
 }
 

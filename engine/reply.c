@@ -175,6 +175,21 @@ static int rp_octet(smtpe__reply_parser *p, uint8_t c)
     return r;
 }
 
+/* 1 if the four octets at in start a line as rp_octet would take them one by one with no
+ * other effect: three digits in range (the first line's code on a later line), then "-" or
+ * SP, within cap and max_total. */
+static int prefix_ok(const smtpe__reply_parser *p, const uint8_t *in)
+{
+    if (p->cap < 4 || p->max_total - p->total < 4)
+        return 0;
+    if (in[0] < '2' || in[0] > '5' || in[1] < '0' || in[1] > '5' || in[2] < '0' || in[2] > '9')
+        return 0;
+    if (in[3] != '-' && in[3] != ' ')
+        return 0;
+    return p->lines == 0 || (in[0] == code_digit(p->code, 0) &&
+                             in[1] == code_digit(p->code, 1) && in[2] == code_digit(p->code, 2));
+}
+
 /* The length of the run at in[0..n) that rp_octet would take as text, octet by octet, with
  * no other effect: no CR, LF or NUL, and within the line's cap and the reply's max_total. */
 static size_t text_run(const smtpe__reply_parser *p, const uint8_t *in, size_t n)
@@ -202,6 +217,18 @@ int smtpe__reply_feed(smtpe__reply_parser *p, const uint8_t *in, size_t n, size_
     }
     for (size_t i = 0; i < n; i++) {
         int r;
+        if (p->state == RP_IN_LINE && p->len == 0 && n - i >= 4 && prefix_ok(p, in + i)) {
+            /* "ddd-" or "ddd " that rp_octet would take octet by octet, taken at once */
+            memcpy(p->buf, in + i, 4);
+            p->len = 4;
+            p->total += 4;
+            if (p->lines == 0)
+                p->code = (unsigned)(in[i] - '0') * 100 + (unsigned)(in[i + 1] - '0') * 10 +
+                          (unsigned)(in[i + 2] - '0');
+            i += 4;
+            if (i == n)
+                break;
+        }
         if (p->state == RP_IN_LINE && p->len >= 4) {
             /* the text of a line: the octets rp_octet would take one by one (neither CR, LF
              * nor NUL, within cap and max_total) are taken as a run */
