@@ -28,7 +28,7 @@
  *   [7]  bit 0 the host calls tls_started only when the program says (else at the STARTTLS
  *        event); bit 1 the host answers AUTH_STEP only when the program says (else at once);
  *        bit 2 a PROXY v2 header (else v1); bits 3-4 events taken per pump between steps
- *        (all, 1, 2, all)
+ *        (all, 1, 2, all); bit 5 XCLIENT values of 150 octets (two lines)
  *   [8..] the program: one op octet (low nibble the op, high nibble its argument) and its
  *        operands, until the input ends:
  *     0 SERVER  the server answers the next arg (0: all) commands it has not answered, one
@@ -203,6 +203,13 @@ static const smtpe_param xclient_attrs[] = {
     {{(const uint8_t *)"LOGIN", 5}, {(const uint8_t *)"user name+x", 11}},
     {{(const uint8_t *)"HELO", 4}, {(const uint8_t *)"client.example", 14}},
 };
+static char xc_long[3][160]; /* values long enough that the attributes take two lines */
+static smtpe_param xclient_long[] = {
+    {{(const uint8_t *)"NAME", 4}, {(const uint8_t *)xc_long[0], 150}},
+    {{(const uint8_t *)"ADDR", 4}, {(const uint8_t *)"192.0.2.9", 9}},
+    {{(const uint8_t *)"LOGIN", 5}, {(const uint8_t *)xc_long[1], 150}},
+    {{(const uint8_t *)"HELO", 4}, {(const uint8_t *)xc_long[2], 150}},
+};
 static const smtpe_param xforward_attrs[] = {
     {{(const uint8_t *)"NAME", 4}, {(const uint8_t *)"x.example", 9}},
     {{(const uint8_t *)"ADDR", 4}, {(const uint8_t *)"192.0.2.8", 9}},
@@ -241,6 +248,9 @@ static void tables_init(void)
     memset(long_password, 'p', 200);
     memset(long_token, 't', 1000);
     memset(long_local, 'l', 64);
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 150; j++)
+            xc_long[i][j] = (char)(j % 10 == 9 ? '+' : 'a' + (i + j) % 26);
     memcpy(long_local + 64, "@example.com", 13);
     memset(longer_local, 'm', 65);
     memcpy(longer_local + 65, "@example.com", 13);
@@ -525,6 +535,7 @@ typedef struct model {
 
     /* setup (RFC 5321 §3.1-3.2, RFC 3207, XCLIENT, RFC 4954) */
     int tls, tls_wait, tried_starttls, authenticated, xclient_done, quit_sent;
+    unsigned xclient_sent; /* the configured XCLIENT attributes sent, by index */
     int next;             /* NX_*: the setup command the engine must send next */
     int ready;            /* setup done: transactions may go (READY) */
     int greeted;          /* the greeting was 220 */
@@ -794,7 +805,8 @@ static void m_setup_next(run *r)
     if (k->xclient_count > 0 && !m->xclient_done && m->xclient_len > 0) {
         int any = 0;
         for (size_t i = 0; i < k->xclient_count; i++)
-            any |= list_has(m->xclient, m->xclient_len, k->xclient[i].keyword.ptr,
+            any |= !(m->xclient_sent & (1u << i)) &&
+                   list_has(m->xclient, m->xclient_len, k->xclient[i].keyword.ptr,
                             k->xclient[i].keyword.len);
         if (any) {
             m->next = NX_XCLIENT;
@@ -1642,6 +1654,46 @@ static void m_txn_begin(run *r, const uint8_t *l, size_t n)
     rt->refuse_mid = m_refuse_mid(r, f, m->t.bdat);
 }
 
+/* An XCLIENT line (Postfix XCLIENT_README): each attribute configured, offered, sent once over
+ * all the lines, its value xtext-encoded; done when every offered one went. */
+static void m_xclient_line(run *r, const uint8_t *l, size_t n)
+{
+    model *m = &r->m;
+    const smtpe_client_config *k = CFG(r);
+    size_t i = 7, got = 0;
+    while (i + 2 < n) {
+        size_t j = i + 1, eq = i + 1, a = 0;
+        while (j < n - 2 && l[j] != ' ')
+            j++;
+        while (eq < j && l[eq] != '=')
+            eq++;
+        if (eq == j || !list_has(m->xclient, m->xclient_len, l + i + 1, eq - i - 1))
+            m_fail(r, "an XCLIENT attribute the server did not offer", l, n);
+        while (a < k->xclient_count &&
+               !(k->xclient[a].keyword.len == eq - i - 1 &&
+                 memcmp(k->xclient[a].keyword.ptr, l + i + 1, eq - i - 1) == 0))
+            a++;
+        if (a == k->xclient_count || (m->xclient_sent & (1u << a)))
+            m_fail(r, "an XCLIENT attribute not configured, or sent twice", l, n);
+        fz_buf v = {0};
+        ref_xtext(&v, k->xclient[a].value.ptr, k->xclient[a].value.len);
+        if (!fz_eq(l + eq + 1, j - eq - 1, v.p, v.len))
+            m_fail(r, "an XCLIENT value is not the configured one xtext-encoded", l, n);
+        fz_free(&v);
+        m->xclient_sent |= 1u << a;
+        got++;
+        i = j;
+    }
+    if (got == 0)
+        m_fail(r, "an XCLIENT line without attributes", l, n);
+    m->xclient_done = 1;
+    for (size_t a = 0; a < k->xclient_count; a++)
+        if (!(m->xclient_sent & (1u << a)) &&
+            list_has(m->xclient, m->xclient_len, k->xclient[a].keyword.ptr,
+                     k->xclient[a].keyword.len))
+            m->xclient_done = 0;
+}
+
 static void m_setup_line(run *r, int kind, const uint8_t *l, size_t n)
 {
     model *m = &r->m;
@@ -1669,20 +1721,7 @@ static void m_setup_line(run *r, int kind, const uint8_t *l, size_t n)
     } else if (kind == MK_STARTTLS) {
         m->tried_starttls = 1;
     } else if (kind == MK_XCLIENT) {
-        /* every attribute sent is configured and offered (Postfix XCLIENT_README) */
-        size_t i = 7;
-        while (i + 2 < n) {
-            size_t j = i + 1, eq;
-            while (j < n - 2 && l[j] != ' ')
-                j++;
-            eq = i + 1;
-            while (eq < j && l[eq] != '=')
-                eq++;
-            if (eq == j || !list_has(m->xclient, m->xclient_len, l + i + 1, eq - i - 1))
-                m_fail(r, "an XCLIENT attribute the server did not offer", l, n);
-            i = j;
-        }
-        m->xclient_done = 1;
+        m_xclient_line(r, l, n);
     }
 }
 
@@ -2273,6 +2312,11 @@ static void take_event(run *r, const smtpe_client_event *ev)
         log_span(r, k->xclient);
         log_span(r, k->xforward);
         LOGF(r, "\n");
+        const smtpe_client_caps *g = smtpe_client_get_caps(r->c);
+        FUZZ_CHECK(g && g->extensions == k->extensions && g->size_limit == k->size_limit &&
+                       g->tls == k->tls && g->authenticated == k->authenticated &&
+                       fz_eq(g->auth.ptr, g->auth.len, k->auth.ptr, k->auth.len),
+                   "smtpe_client_get_caps differs from READY's capabilities");
         if (!m->closed) {
             FUZZ_CHECK(m->ready, "READY although the reference says setup is not done");
             FUZZ_CHECK(k->extensions == m->ext, "READY extensions differ from the EHLO reply's");
@@ -3418,8 +3462,8 @@ static void make_config(fcase *fc, const uint8_t *h)
     static const char *const helos[] = {"client.example", "[192.0.2.1]", NULL, "localhost"};
     k->helo_name = helos[(h[4] >> 4) & 3] ? helos[(h[4] >> 4) & 3] : long_domain;
     if (h[4] & 0x40) {
-        k->xclient = xclient_attrs;
-        k->xclient_count = NELEM(xclient_attrs);
+        k->xclient = (h[7] & 0x20) ? xclient_long : xclient_attrs;
+        k->xclient_count = (h[7] & 0x20) ? NELEM(xclient_long) : NELEM(xclient_attrs);
     }
     fc->octetwise = (h[4] >> 7) & 1;
     fc->split_seed = ((uint32_t)h[5] | (uint32_t)h[6] << 8) * 2654435761u | 1;
