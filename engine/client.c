@@ -121,7 +121,7 @@ struct smtpe_client {
     smtpe__reply_parser rp;
     uint8_t *line; /* the reply line buffer (rp.buf) */
 
-    /* output ring: outcome_run A [a_off, a_end), outcome_run B [0, b_end) once wrapped */
+    /* output ring: run A [a_off, a_end), run B [0, b_end) once wrapped */
     size_t a_off, a_end, b_end;
     uint64_t written, acked; /* octets queued and acknowledged, in all */
     uint64_t handed;         /* octets handed to the host by send_buf, in all */
@@ -133,7 +133,7 @@ struct smtpe_client {
     smtpe_client_caps caps;
     uint8_t auth_line[CAP_LINE_MAX], xclient_line[CAP_LINE_MAX], xforward_line[CAP_LINE_MAX];
     int stage_enhanced; /* parse enhanced status codes (ENHANCEDSTATUSCODES offered) */
-    unsigned auth_offered; /* bit 1 << SMTPE_SASL_* for the engine-outcome_run mechanisms offered */
+    unsigned auth_offered; /* bit 1 << SMTPE_SASL_* for the engine-run mechanisms offered */
     int auth_cfg_offered;  /* cfg.auth_mechanism is in the AUTH line (however long it is) */
 
     /* AUTH */
@@ -300,7 +300,7 @@ static size_t plain_len(const smtpe_client_config *cfg)
     return z + 1 + strlen(cfg->auth_user) + 1 + strlen(cfg->auth_password);
 }
 
-/* The octets of the SASL message an engine-outcome_run mechanism sends (before base64). */
+/* The octets of the SASL message an engine-run mechanism sends (before base64). */
 static size_t oauth_len(const smtpe_client_config *cfg, int mech);
 
 /* The host-supplied strings of c: 1 if each is well-formed (else SMTPE_ERR_INVALID_ARGUMENT). */
@@ -344,7 +344,7 @@ static int client_config_valid(const smtpe_client_config *c)
     if (c->max_recipients < 1 || c->max_recipients > 100000)
         return 0;
     if (c->auth_mechanism) {
-        /* every engine-outcome_run SASL line must fit the output buffer whole */
+        /* every engine-run SASL line must fit the output buffer whole */
         if (c->auth_user && c->auth_password &&
             SMTPE__BASE64_LEN(plain_len(c)) + 64 > c->output_buffer_size)
             return 0;
@@ -361,7 +361,8 @@ typedef struct client_layout {
     size_t sent, bits, line, out, total, sent_cap, bits_len;
 } client_layout;
 
-#define ALIGN_UP(n) (((n) + _Alignof(max_align_t) - 1) / _Alignof(max_align_t) * _Alignof(max_align_t))
+#define ALIGN_UP(n)                                                                             \
+    (((n) + _Alignof(max_align_t) - 1) / _Alignof(max_align_t) * _Alignof(max_align_t))
 
 /* The layout for c, whose strings the caller has checked (config_strings_valid). */
 static int client_layout_of(const smtpe_client_config *c, client_layout *l)
@@ -391,7 +392,7 @@ size_t smtpe_client_memory_size_versioned(int config_version, const smtpe_client
  * Output ring (stable: queued octets never move until acknowledged)
  * ---------------------------------------------------------------------------------------- */
 
-/* The contiguous room where the next output goes, and whether it starts outcome_run B. */
+/* The contiguous room where the next output goes, and whether it starts run B. */
 static uint8_t *out_where(smtpe_client *c, size_t *room, int *to_b)
 {
     *to_b = 0;
@@ -427,7 +428,7 @@ static uint8_t *out_reserve(smtpe_client *c, size_t need, size_t *room, int *to_
     uint8_t *p = out_where(c, room, to_b);
     if (*room >= need)
         return p;
-    if (!*to_b && c->b_end == 0 && c->a_off > 0 && c->a_off >= need) { /* try outcome_run B instead */
+    if (!*to_b && c->b_end == 0 && c->a_off > 0 && c->a_off >= need) { /* try run B instead */
         *to_b = 1;
         *room = c->a_off;
         return c->out;
@@ -447,7 +448,7 @@ static size_t out_unsent(const smtpe_client *c)
 static qent *ev_push(smtpe_client *c, int kind)
 {
     qent *e;
-    if (c->q_count == EVQ_MAX) /* cannot happen: at most a outcome_run, DONE and CLOSED per step */
+    if (c->q_count == EVQ_MAX) /* cannot happen: at most two runs, DONE and CLOSED per step */
         return NULL;
     e = &c->q[(c->q_head + c->q_count++) % EVQ_MAX];
     memset(e, 0, sizeof *e);
@@ -505,7 +506,7 @@ static int outcome_of_code(unsigned code)
     return SMTPE_OUTCOME_TEMPORARY;
 }
 
-/* The next outcome of outcome_run r into *ev; 0 when the outcome_run is exhausted. */
+/* The next outcome of run r into *ev; 0 when the run is exhausted. */
 static int run_next(smtpe_client *c, outcome_run *r, smtpe_client_event *ev)
 {
     for (; r->at < r->end; r->at++) {
@@ -592,7 +593,7 @@ static void fail_open_txn(smtpe_client *c, unsigned code, smtpe_span text, int l
 /* Drops the output the host has not been handed yet (the octets it has stay stable). */
 static void out_drop_unhanded(smtpe_client *c)
 {
-    size_t keep = (size_t)(c->handed - c->acked); /* a prefix of outcome_run A */
+    size_t keep = (size_t)(c->handed - c->acked); /* a prefix of run A */
     c->a_end = c->a_off + keep;
     c->b_end = 0;
     c->written = c->handed;
@@ -1006,7 +1007,7 @@ static size_t oauth_len(const smtpe_client_config *cfg, int mech)
     return 4 + n + 1 + 1 + 12 + t + 2;
 }
 
-/* Writes the SASL message of an engine-outcome_run mechanism into out (room for its length). */
+/* Writes the SASL message of an engine-run mechanism into out (room for its length). */
 static size_t sasl_message(const smtpe_client *c, uint8_t *out)
 {
     const smtpe_client_config *k = &c->cfg;
@@ -1043,7 +1044,7 @@ static size_t sasl_message_len(const smtpe_client *c)
 }
 
 /* Queues "<prefix><base64 of data[0..n)>\r\n" as an AUTH line. data NULL: base64 of the
- * engine-outcome_run mechanism's message, which is written at the end of the line's room and encoded
+ * engine-run mechanism's message, which is written at the end of the line's room and encoded
  * in place from the front: group g's 4 output octets end before group g + 1's input starts,
  * since the base64 text is a third longer than its input (and the CRLF comes last), so no
  * input octet is overwritten before it is read and every octet of the message is overwritten.
@@ -2275,7 +2276,7 @@ const uint8_t *smtpe_client_send_buf(smtpe_client *c, size_t *len)
             *len = 0;
         return NULL;
     }
-    *len = c->a_end - c->a_off; /* outcome_run A; outcome_run B follows once A is acknowledged */
+    *len = c->a_end - c->a_off; /* run A; run B follows once A is acknowledged */
     if (c->acked + *len > c->handed)
         c->handed = c->acked + *len;
     return c->out + c->a_off;

@@ -967,11 +967,12 @@ typedef struct smtpe_client_txn {
     /* The content as the host's scan found it (smtpe_content_scan); has_content_info 0 when
      * the host did not scan (then the engine learns the content only as it streams: a
      * property that needs refusing is found mid-content and ends the session as
-     * smtpe_client_abort_content does, but with the recipients permanent, code 0). With it, the refusals are
-     * made before MAIL (outcome permanent, local): 8-bit content unless body is 8BITMIME or
-     * BINARYMIME (and offered); NUL, or a bare CR or LF under REFUSE, unless BINARYMIME; a
-     * line over 998 octets when the content would go by DATA; wire_size over the server's
-     * SIZE (sent as SIZE= when SIZE is offered). */
+     * smtpe_client_abort_content does, but with the recipients permanent, code 0). With it,
+     * the refusals are made before MAIL (outcome permanent, local): 8-bit content unless
+     * body is 8BITMIME or BINARYMIME (and offered; with BODY unspecified, 8-bit content is
+     * sent as 8BITMIME when offered); NUL, or a bare CR or LF under REFUSE, unless
+     * BINARYMIME; a line over 998 octets when the content would go by DATA (BDAT carries
+     * long lines); wire_size over the server's SIZE (sent as SIZE= when SIZE is offered). */
     int has_content_info;
     smtpe_content_info content;
     smtpe_body_type body;            /* BODY= (RFC 6152, RFC 3030); UNSPECIFIED sends none */
@@ -1206,8 +1207,8 @@ SMTPE_API int smtpe_client_lost(smtpe_client *c);
  * SMTPE_ERR_INVALID_ARGUMENT, or SMTPE_ERR_STATE (SMTPE_TLS_IMPLICIT before
  * smtpe_client_tls_started). A host feeds everything it has read before it sends the output
  * queued meanwhile: a reply that came before a command was written then reaches the engine
- * first, and is judged unsolicited rather than taken for that command's reply. A reply that breaks the protocol ends the session
- * (SMTPE_CLOSE_PROTOCOL_ERROR): malformed (code not 2-5/0-5/0-9 or not followed by SP, "-"
+ * first, and is judged unsolicited rather than taken for that command's reply. A reply that
+ * breaks the protocol ends the session (SMTPE_CLOSE_PROTOCOL_ERROR): malformed (code not 2-5/0-5/0-9 or not followed by SP, "-"
  * or CRLF; lines that disagree on the code; a line over max_reply_line; a reply over
  * max_reply_size; a bare CR or LF), unsolicited (no command outstanding), a 3xx to anything
  * but DATA or AUTH, octets after a STARTTLS 220 (RFC 3207 §4.2; CVE-2021-22947). RFC 5321
