@@ -47,8 +47,8 @@
  *     is only ever given to a session whose config asks for the feature it belongs to, which
  *     an older program cannot do.
  * The shared library exports exactly the functions declared with SMTPE_API here (a linker
- * version script, nodes SMTPE_0.2 and SMTPE_0.3); the engine's internal functions are hidden in every build
- * (static in the amalgamated smtpe.c). A copy of smtpe compiled into a shared object of the
+ * version script, nodes SMTPE_0.2 and SMTPE_0.3); the engine's internal functions are hidden
+ * in every build (static in the amalgamated smtpe.c). A copy of smtpe compiled into a shared object of the
  * embedder's (a plug-in, a language binding) keeps its API out of that object's exports too
  * when built with SMTPE_API hidden (below) or -fvisibility=hidden, so two copies in one
  * process never bind to each other's functions.
@@ -1208,9 +1208,10 @@ SMTPE_API int smtpe_client_lost(smtpe_client *c);
  * smtpe_client_tls_started). A host feeds everything it has read before it sends the output
  * queued meanwhile: a reply that came before a command was written then reaches the engine
  * first, and is judged unsolicited rather than taken for that command's reply. A reply that
- * breaks the protocol ends the session (SMTPE_CLOSE_PROTOCOL_ERROR): malformed (code not 2-5/0-5/0-9 or not followed by SP, "-"
- * or CRLF; lines that disagree on the code; a line over max_reply_line; a reply over
- * max_reply_size; a bare CR or LF), unsolicited (no command outstanding), a 3xx to anything
+ * breaks the protocol ends the session (SMTPE_CLOSE_PROTOCOL_ERROR): malformed (code not
+ * 2-5/0-5/0-9 or not followed by SP, "-" or CRLF; lines that disagree on the code; a line
+ * over max_reply_line; a reply over max_reply_size; a bare CR or LF), unsolicited (no
+ * command outstanding, or its command not yet handed to the host), a 3xx to anything
  * but DATA or AUTH, octets after a STARTTLS 220 (RFC 3207 §4.2; CVE-2021-22947). RFC 5321
  * §4.2, §4.3.2; RFC 2920 §3.1. */
 SMTPE_API smtpe_ssize smtpe_client_recv(smtpe_client *c, const uint8_t *buf, size_t n,
