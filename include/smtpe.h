@@ -48,9 +48,9 @@
  *     an older program cannot do.
  * The shared library exports exactly the functions declared with SMTPE_API here (a linker
  * version script, nodes SMTPE_0.2 and SMTPE_0.3); the engine's internal functions are hidden
- * in every build (static in the amalgamated smtpe.c). A copy of smtpe compiled into a shared object of the
- * embedder's (a plug-in, a language binding) keeps its API out of that object's exports too
- * when built with SMTPE_API hidden (below) or -fvisibility=hidden, so two copies in one
+ * in every build (static in the amalgamated smtpe.c). A copy of smtpe compiled into a shared
+ * object of the embedder's (a plug-in, a language binding) keeps its API out of that object's
+ * exports too when built with SMTPE_API hidden (below) or -fvisibility=hidden, so two copies in one
  * process never bind to each other's functions.
  */
 #ifndef SMTPE_H
