@@ -50,8 +50,8 @@
  * version script, nodes SMTPE_0.2 and SMTPE_0.3); the engine's internal functions are hidden
  * in every build (static in the amalgamated smtpe.c). A copy of smtpe compiled into a shared
  * object of the embedder's (a plug-in, a language binding) keeps its API out of that object's
- * exports too when built with SMTPE_API hidden (below) or -fvisibility=hidden, so two copies in one
- * process never bind to each other's functions.
+ * exports too when built with SMTPE_API hidden (below) or -fvisibility=hidden, so two copies
+ * in one process never bind to each other's functions.
  */
 #ifndef SMTPE_H
 #define SMTPE_H
