@@ -4,8 +4,9 @@
  * The server engine is a state machine: the host feeds it the octets it read from the client
  * (smtpe_server_recv), pulls events (smtpe_server_next_event), gives a verdict for each event
  * that needs one (smtpe_server_reply / smtpe_server_accept), and sends the reply octets the
- * engine produced (smtpe_server_send_buf / smtpe_server_send_ack). The engine never reads a
- * socket or a clock and allocates memory only when a session is created.
+ * engine produced (smtpe_server_send_buf / smtpe_server_send_ack). The client engine
+ * (smtpe_client_*, from 0.3.0; "Client engine" below) is the mirror image for sending. The
+ * engine never reads a socket or a clock and allocates memory only when a session is created.
  *
  * Implements RFC 5321 (SMTP) with RFC 1870 (SIZE), RFC 6152 (8BITMIME), RFC 2920 (PIPELINING),
  * RFC 2034/3463/5248 (enhanced status codes), RFC 6531 (SMTPUTF8), RFC 3207 (STARTTLS),
@@ -18,13 +19,15 @@
  * standard headers <stddef.h> and <stdint.h>: no POSIX type, no define.
  *
  * Threads. The engine has no global mutable state and starts no thread. A session
- * (smtpe_server) is used by one thread at a time; it may move between threads (a thread pool,
- * a work-stealing loop) as long as the host orders the calls (a mutex, or handing the session
- * over through a queue, gives that order). A config (smtpe_server_config) is only read by the
- * engine: once set up it may be shared by any number of sessions on any threads. Functions
- * without a session (smtpe_strerror, smtpe_version, smtpe_server_config_init,
- * smtpe_server_memory_size, smtpe_event_needs_reply, smtpe_proxy_tlv_next) may be called from
- * any thread at any time.
+ * (smtpe_server, smtpe_client) is used by one thread at a time; it may move between threads (a
+ * thread pool, a work-stealing loop) as long as the host orders the calls (a mutex, or handing
+ * the session over through a queue, gives that order). A config (smtpe_server_config,
+ * smtpe_client_config) is only read by the engine: once set up it may be shared by any number
+ * of sessions on any threads. Functions without a session (smtpe_strerror, smtpe_version,
+ * smtpe_server_config_init, smtpe_server_memory_size, smtpe_event_needs_reply,
+ * smtpe_proxy_tlv_next, smtpe_client_config_init, smtpe_client_memory_size, and
+ * smtpe_content_scan* on the caller's own smtpe_content_info) may be called from any thread at
+ * any time.
  *
  * Versions and ABI. SMTPE_VERSION_* below say which release this header belongs to;
  * smtpe_version() says which library the program runs with. The shared library's ABI is
