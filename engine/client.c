@@ -372,7 +372,7 @@ static int client_layout_of(const smtpe_client_config *c, client_layout *l)
     l->sent_cap = c->max_unanswered / 6 + 8;
     l->bits_len = ((size_t)c->max_recipients + 7) / 8;
     l->sent = ALIGN_UP(sizeof(smtpe_client));
-    l->bits = ALIGN_UP(l->sent + l->sent_cap * sizeof(sent_cmd));
+    l->bits = l->sent + l->sent_cap * sizeof(sent_cmd); /* octet arrays from here on */
     l->line = l->bits + 2 * l->bits_len;
     l->out = l->line + c->max_reply_line;
     l->total = ALIGN_UP(l->out + c->output_buffer_size);

@@ -658,6 +658,61 @@ static int stuff_octet(smtpe__stuffer *st, const uint8_t *p, size_t n, uint8_t *
     }
 }
 
+static HOT_INLINE size_t stuff_scan(smtpe__stuffer *st, const uint8_t *p, size_t lim,
+                                    uint64_t *high, int stop8)
+{
+    uint64_t h = 0;
+    size_t i = 0, line_at = 0;               /* the current line starts at p[line_at] */
+    uint32_t before = st->line_len;          /* its octets before p[line_at] (first line) */
+    int long_lines = (st->refuse_mask & SMTPE_CONTENT_LONG_LINE) != 0;
+    int dots = st->mode == SMTPE__STUFF_DATA;
+    for (;;) {
+        size_t len;
+        while (lim - i >= 8) { /* words with no octet below 0x0E (nor above 127 if stop8) */
+            uint64_t v, m;
+            memcpy(&v, p + i, 8);
+            m = (v - ONES * 0x0E) & ~v & HIGHS;
+            if (stop8)
+                m |= v & HIGHS;
+            if (m) {
+#if defined(__GNUC__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+                /* the lowest flagged octet is exact: the ones before it are plain */
+                unsigned k = (unsigned)__builtin_ctzll(m) / 8;
+                if (k > 0)
+                    h |= v & ((1ull << (8 * k)) - 1);
+                i += k;
+#endif
+                break;
+            }
+            h |= v;
+            i += 8;
+        }
+        while (i < lim && plain_octet(p[i], stop8))
+            h |= p[i++];
+        len = (size_t)before + (i - line_at);
+        if (len > LINE_TEXT_MAX) {
+            if (long_lines) { /* stop before the line's 999th octet, which is refused */
+                i = line_at + (LINE_TEXT_MAX - before);
+                st->line_len = LINE_TEXT_MAX;
+                break;
+            }
+            st->seen |= SMTPE_CONTENT_LONG_LINE;
+        }
+        /* a CRLF inside the stretch, unless a line-start dot follows it (or may: the end) */
+        if (lim - i >= 3 && p[i] == '\r' && p[i + 1] == '\n' && !(dots && p[i + 2] == '.')) {
+            i += 2;
+            line_at = i;
+            before = 0;
+            continue;
+        }
+        st->line_len = line_grow(before, i - line_at);
+        break;
+    }
+    *high |= h;
+    st->at_line_start = i > 0 ? i == line_at : st->at_line_start;
+    return i;
+}
+
 /* The fast path: the longest stretch of p[0..n) (no more than room) that goes out verbatim,
  * copied to out with one memcpy: runs of plain octets (not above 127 either when 8BIT is
  * refused; no line longer than 998 when LONG_LINE is refused) and the CRLFs between them, up
@@ -668,39 +723,21 @@ static size_t stuff_run(smtpe__stuffer *st, const uint8_t *p, size_t n, uint8_t 
                         size_t room)
 {
     uint64_t high = 0;
-    size_t i = 0, lim = n < room ? n : room;
-    int long_lines = (st->refuse_mask & SMTPE_CONTENT_LONG_LINE) != 0;
-    int stop8 = (st->refuse_mask & SMTPE_CONTENT_8BIT) != 0;
-    int dots = st->mode == SMTPE__STUFF_DATA;
+    size_t lim = n < room ? n : room, i;
     uint32_t line_len = st->line_len;
-    for (;;) {
-        size_t k, run_lim = lim - i;
-        if (long_lines && run_lim > LINE_TEXT_MAX - line_len)
-            run_lim = LINE_TEXT_MAX - line_len; /* line_len <= 998: the 999th was refused */
-        k = stop8 ? plain_run(p + i, run_lim, &high, 1) : plain_run(p + i, run_lim, &high, 0);
-        i += k;
-        line_len = line_grow(line_len, k);
-        if (k > 0)
-            st->at_line_start = 0;
-        /* a CRLF inside the stretch, unless a line-start dot follows it (or may: the end) */
-        if (lim - i >= 3 && p[i] == '\r' && p[i + 1] == '\n' && !(dots && p[i + 2] == '.')) {
-            i += 2;
-            if (line_len > LINE_TEXT_MAX)
-                st->seen |= SMTPE_CONTENT_LONG_LINE;
-            line_len = 0;
-            st->at_line_start = 1;
-            continue;
-        }
-        break;
-    }
-    if (i == 0)
+    int at_start = st->at_line_start;
+    if (st->refuse_mask & SMTPE_CONTENT_8BIT)
+        i = stuff_scan(st, p, lim, &high, 1);
+    else
+        i = stuff_scan(st, p, lim, &high, 0);
+    if (i == 0) {
+        st->line_len = line_len;
+        st->at_line_start = at_start;
         return 0;
+    }
     memcpy(out, p, i);
     if (high & HIGHS)
         st->seen |= SMTPE_CONTENT_8BIT;
-    if (line_len > LINE_TEXT_MAX)
-        st->seen |= SMTPE_CONTENT_LONG_LINE;
-    st->line_len = line_len;
     st->ended_crlf = st->at_line_start;
     return i;
 }
