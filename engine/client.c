@@ -131,7 +131,6 @@ struct smtpe_client {
     int phase, next;
     int tls, authenticated, xclient_done, tried_starttls;
     smtpe_client_caps caps;
-    uint8_t auth_line[CAP_LINE_MAX], xclient_line[CAP_LINE_MAX], xforward_line[CAP_LINE_MAX];
     int stage_enhanced; /* parse enhanced status codes (ENHANCEDSTATUSCODES offered) */
     unsigned auth_offered; /* bit 1 << SMTPE_SASL_* for the engine-run mechanisms offered */
     int auth_cfg_offered;  /* cfg.auth_mechanism is in the AUTH line (however long it is) */
@@ -178,13 +177,17 @@ struct smtpe_client {
     int quit_wanted;
 
     /* events */
-    qent q[EVQ_MAX];
     size_t q_head, q_count;
 
     /* time */
     int restart;
     uint64_t deadline;
     uint64_t timeout_now; /* the timeout that deadline was armed for */
+
+    /* Not cleared at creation (written before they are read): the event queue's entries and
+     * the capability lines kept from the EHLO reply. */
+    qent q[EVQ_MAX];
+    uint8_t auth_line[CAP_LINE_MAX], xclient_line[CAP_LINE_MAX], xforward_line[CAP_LINE_MAX];
 };
 
 static void advance(smtpe_client *c);
@@ -1145,6 +1148,17 @@ static smtpe_span keep_line(uint8_t *buf, smtpe_span v)
     return out;
 }
 
+/* 1 if p[0..n) is the keyword name (upper case letters, digits, "-") in any case. */
+static int keyword_is(const uint8_t *p, const char *name, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint8_t a = p[i], b = (uint8_t)name[i];
+        if (a != b && !(b >= 'A' && b <= 'Z' && a == (uint8_t)(b | 0x20)))
+            return 0;
+    }
+    return 1;
+}
+
 /* Notes which mechanisms the AUTH line's list v offers (RFC 4954 §3). */
 static void auth_note_offered(smtpe_client *c, smtpe_span v)
 {
@@ -1194,7 +1208,7 @@ static void ehlo_keyword(smtpe_client *c, smtpe_span t)
         v.ptr++;
         v.len--;
     }
-    if (k == 4 && smtpe__has_prefix_ci(t.ptr, 4, "AUTH")) {
+    if (k == 4 && keyword_is(t.ptr, "AUTH", 4)) {
         if (c->caps.auth.len == 0 || (t.len > 4 && t.ptr[4] == ' ')) /* AUTH beats AUTH= */
             c->caps.auth = keep_line(c->auth_line, v);
         auth_note_offered(c, v); /* from the whole line: the kept copy may be cut */
@@ -1202,8 +1216,7 @@ static void ehlo_keyword(smtpe_client *c, smtpe_span t)
     }
     for (size_t i = 0; i < sizeof known / sizeof *known; i++) {
         size_t n = known[i].len;
-        if (k != n || (t.ptr[0] | 0x20) != (known[i].name[0] | 0x20) ||
-            !smtpe__has_prefix_ci(t.ptr, n, known[i].name))
+        if (k != n || !keyword_is(t.ptr, known[i].name, n))
             continue;
         c->caps.extensions |= known[i].bit;
         if (known[i].bit == SMTPE_EXT_SIZE) {
@@ -2463,7 +2476,7 @@ static void client_free_mem(void *p, void *ud)
 static int client_setup(smtpe_client *c, const smtpe_client_config *cfg, const client_layout *l)
 {
     uint8_t *base = (uint8_t *)c;
-    memset(c, 0, sizeof *c);
+    memset(c, 0, offsetof(smtpe_client, q)); /* the rest is written before it is read */
     c->cfg = *cfg;
     c->sent = (sent_cmd *)(void *)(base + l->sent);
     c->sent_cap = l->sent_cap;

@@ -199,6 +199,13 @@ static size_t text_run(const smtpe__reply_parser *p, const uint8_t *in, size_t n
         lim = p->cap - p->len;
     if (p->max_total - p->total < lim)
         lim = p->max_total - p->total;
+    while (lim - k >= 8) { /* a word at a time while no octet is below 0x0E */
+        uint64_t v;
+        memcpy(&v, in + k, 8);
+        if ((v - 0x0E0E0E0E0E0E0E0Eull) & ~v & 0x8080808080808080ull)
+            break;
+        k += 8;
+    }
     while (k < lim && in[k] != '\r' && in[k] != '\n' && in[k] != 0)
         k++;
     return k;
