@@ -1136,6 +1136,79 @@ static void m_txn_reply(run *r, const mcmd *c, unsigned code)
     }
 }
 
+/* A 334 to an AUTH line (RFC 4954 §4): the line the exchange calls for next, or, for a
+ * host-run mechanism, the challenge decoded for the host. */
+static void m_auth_334(run *r)
+{
+    model *m = &r->m;
+    const smtpe_client_config *k = CFG(r);
+    fz_buf msg = {0};
+    m->auth_expect.len = 0;
+    m->auth_expect_set = 1;
+    switch (m->auth_state) {
+    case AU_CMD:
+        sasl_message(r, m->auth_mech, &msg);
+        put_b64(&m->auth_expect, msg.p, msg.len);
+        fz_free(&msg);
+        m->auth_state = AU_CREDS;
+        break;
+    case AU_USER: /* LOGIN: whatever the prompt says */
+        put_b64(&m->auth_expect, (const uint8_t *)k->auth_user, strlen(k->auth_user));
+        m->auth_state = AU_PASS;
+        break;
+    case AU_PASS:
+        put_b64(&m->auth_expect, (const uint8_t *)k->auth_password, strlen(k->auth_password));
+        m->auth_state = AU_CREDS;
+        break;
+    case AU_CREDS: /* an error challenge: XOAUTH2 answers empty, OAUTHBEARER ^A (RFC 7628) */
+        if (m->auth_mech == SMTPE_SASL_OAUTHBEARER) {
+            put_str(&m->auth_expect, "AQ==");
+        } else if (m->auth_mech != SMTPE_SASL_XOAUTH2) {
+            m_close(r, SMTPE_CLOSE_PROTOCOL_ERROR, 0);
+            return;
+        }
+        m->auth_state = AU_ERROR;
+        break;
+    case AU_OTHER: {
+        size_t tl = m->rp.len > 4 ? m->rp.len - 4 : 0; /* the text after "334 " */
+        uint8_t *tmp = malloc(tl + 1);
+        if (!tmp)
+            abort();
+        size_t dn = smtpe__base64_decode(m->rp.line + 4, tl, tmp);
+        if (dn != SMTPE__BASE64_BAD) {
+            m->chal.len = 0;
+            fz_put(&m->chal, tmp, dn);
+            m->auth_step++;
+            m->auth_host = 1;
+            m->auth_expect_set = 0;
+        }
+        free(tmp);
+        if (dn == SMTPE__BASE64_BAD)
+            m_close(r, SMTPE_CLOSE_PROTOCOL_ERROR, 0);
+        return;
+    }
+    default:
+        m_close(r, SMTPE_CLOSE_PROTOCOL_ERROR, 0);
+        return;
+    }
+    put_str(&m->auth_expect, "\r\n");
+}
+
+static void m_auth_reply(run *r, unsigned code)
+{
+    model *m = &r->m;
+    if (code == 334) {
+        m_auth_334(r);
+    } else if (code / 100 == 2) {
+        m->authenticated = 1;
+        m->auth_state = AU_IDLE;
+        m->auth_expect_set = 0;
+        m_setup_next(r);
+    } else {
+        m_close(r, SMTPE_CLOSE_AUTH_FAILED, code);
+    }
+}
+
 static void m_reply(run *r)
 {
     model *m = &r->m;
@@ -1224,70 +1297,7 @@ static void m_reply(run *r)
         break;
     case MK_AUTH:
     case MK_AUTH_RESP:
-        if (code == 334) {
-            fz_buf msg = {0};
-            m->auth_expect.len = 0;
-            m->auth_expect_set = 1;
-            switch (m->auth_state) {
-            case AU_CMD:
-                sasl_message(r, m->auth_mech, &msg);
-                put_b64(&m->auth_expect, msg.p, msg.len);
-                m->auth_state = AU_CREDS;
-                break;
-            case AU_USER:
-                put_b64(&m->auth_expect, (const uint8_t *)k->auth_user, strlen(k->auth_user));
-                m->auth_state = AU_PASS;
-                break;
-            case AU_PASS:
-                put_b64(&m->auth_expect, (const uint8_t *)k->auth_password,
-                        strlen(k->auth_password));
-                m->auth_state = AU_CREDS;
-                break;
-            case AU_CREDS:
-                if (m->auth_mech == SMTPE_SASL_XOAUTH2) {
-                } else if (m->auth_mech == SMTPE_SASL_OAUTHBEARER) {
-                    put_str(&m->auth_expect, "AQ==");
-                } else {
-                    m_close(r, SMTPE_CLOSE_PROTOCOL_ERROR, 0);
-                    break;
-                }
-                m->auth_state = AU_ERROR;
-                break;
-            case AU_OTHER: {
-                /* the text after "334 " (the last line's) */
-                size_t tl = m->rp.len > 4 ? m->rp.len - 4 : 0;
-                uint8_t *tmp = malloc(tl + 1);
-                if (!tmp)
-                    abort();
-                size_t dn = smtpe__base64_decode(m->rp.line + 4, tl, tmp);
-                if (dn == SMTPE__BASE64_BAD) {
-                    free(tmp);
-                    m_close(r, SMTPE_CLOSE_PROTOCOL_ERROR, 0);
-                    break;
-                }
-                m->chal.len = 0;
-                fz_put(&m->chal, tmp, dn);
-                free(tmp);
-                m->auth_step++;
-                m->auth_host = 1;
-                m->auth_expect_set = 0;
-                break;
-            }
-            default:
-                m_close(r, SMTPE_CLOSE_PROTOCOL_ERROR, 0);
-                break;
-            }
-            if (!m->closed && m->auth_expect_set)
-                put_str(&m->auth_expect, "\r\n");
-            fz_free(&msg);
-        } else if (code / 100 == 2) {
-            m->authenticated = 1;
-            m->auth_state = AU_IDLE;
-            m->auth_expect_set = 0;
-            m_setup_next(r);
-        } else {
-            m_close(r, SMTPE_CLOSE_AUTH_FAILED, code);
-        }
+        m_auth_reply(r, code);
         break;
     case MK_QUIT:
         m_close(r, SMTPE_CLOSE_QUIT, code);
@@ -1752,21 +1762,160 @@ static void m_auth_line(run *r, const uint8_t *l, size_t n)
 }
 
 /* One complete client line (CRLF included) in command mode. */
+/* "BDAT n[ LAST]" CRLF (RFC 3030 §2): 1 with the chunk size and LAST, 0 if malformed. */
+static int bdat_line(const uint8_t *l, size_t n, uint64_t *sz, int *last)
+{
+    size_t i = 5;
+    if (n < 8 || memcmp(l, "BDAT ", 5) != 0)
+        return 0;
+    while (i < n - 2 && l[i] >= '0' && l[i] <= '9')
+        i++;
+    if (parse_u64(l + 5, i - 5, sz) != 0 || (l[5] == '0' && i > 6))
+        return 0;
+    *last = fz_eq(l + i, n - i, " LAST\r\n", 7);
+    return *last || fz_eq(l + i, n - i, "\r\n", 2);
+}
+
+/* The command a client line is, by its verb as the engine writes it; -1 for none. */
+static int line_kind(const uint8_t *l, size_t n)
+{
+    static const struct {
+        const char *s;
+        int whole; /* the line is exactly s (else s starts it) */
+        int kind;
+    } verbs[] = {{"EHLO ", 0, MK_EHLO},        {"LHLO ", 0, MK_EHLO},
+                 {"HELO ", 0, MK_HELO},        {"STARTTLS\r\n", 1, MK_STARTTLS},
+                 {"XCLIENT ", 0, MK_XCLIENT},  {"AUTH ", 0, MK_AUTH},
+                 {"RSET\r\n", 1, MK_RSET},     {"XFORWARD ", 0, MK_XFORWARD},
+                 {"MAIL FROM:<", 0, MK_MAIL},  {"RCPT TO:<", 0, MK_RCPT},
+                 {"DATA\r\n", 1, MK_DATA},     {"BDAT ", 0, MK_BDAT},
+                 {"QUIT\r\n", 1, MK_QUIT}};
+    for (size_t i = 0; i < NELEM(verbs); i++) {
+        size_t vn = strlen(verbs[i].s);
+        if (verbs[i].whole ? fz_eq(l, n, verbs[i].s, vn) : n >= vn && !memcmp(l, verbs[i].s, vn))
+            return verbs[i].kind;
+    }
+    return -1;
+}
+
+/* BDAT n [LAST] and its chunk (RFC 3030 §2): one at a time, none after a refused one or after
+ * LAST. */
+static void m_bdat(run *r, const uint8_t *l, size_t n)
+{
+    model *m = &r->m;
+    mtxn *t = &m->t;
+    const ftxn *f = &r->fc->tx[t->ftx];
+    uint64_t sz = 0;
+    int last = 0;
+    if (!t->bdat || t->rcpt_sent < f->t.rcpt_count)
+        m_fail(r, "BDAT without CHUNKING or before every RCPT", l, n);
+    if (t->failed_flushed)
+        m_fail(r, "BDAT after the transaction failed (RFC 3030 §2: no BDAT after a refused "
+                  "one)", l, n);
+    if (t->lasts)
+        m_fail(r, "BDAT after BDAT LAST", l, n);
+    if (t->bdat_out)
+        m_fail(r, "BDAT while the previous chunk awaits its reply", l, n);
+    if (!bdat_line(l, n, &sz, &last))
+        m_fail(r, "BDAT line is not \"BDAT n [LAST]\"", l, n);
+    m_check_pipe_room(r, n, l);
+    t->bdat_out = 1;
+    if (last) {
+        t->lasts++;
+        t->end_sent = 1;
+    }
+    m_push(m, last ? MK_BDAT_LAST : MK_BDAT, 0, n);
+    m->bdat_left = sz;
+    m->bdat_is_last = last;
+    m->mode = sz > 0 ? MC_BDAT : MC_LINE;
+    if (sz == 0 && last) {
+        r->tx[t->ftx].end_seen = 1;
+        r->tx[t->ftx].end_wire = m->wire;
+    }
+}
+
+/* A transaction's command (RFC 5321 §3.3 with RFC 2920's pipelining, XFORWARD, BDAT). */
+static void m_txn_line(run *r, int kind, const uint8_t *l, size_t n)
+{
+    model *m = &r->m;
+    if (!m->ready)
+        m_fail(r, "a transaction command before setup is done", l, n);
+    m_check_pipe_room(r, kind == MK_BDAT ? 0 : n, l);
+    if (kind == MK_RSET || kind == MK_XFORWARD || kind == MK_MAIL)
+        m_txn_begin(r, l, n);
+    mtxn *t = &m->t;
+    if (!t->active)
+        m_fail(r, "a transaction command outside a transaction", l, n);
+    const ftxn *f = &r->fc->tx[t->ftx];
+    fz_buf e = {0};
+    switch (kind) {
+    case MK_RSET:
+        if (t->mail_sent || !t->rset_due || t->rset_sent)
+            m_fail(r, "RSET where none is due (only before the MAIL after a failed "
+                      "transaction)", l, n);
+        t->rset_sent = 1;
+        break;
+    case MK_XFORWARD:
+        if (t->mail_sent || !(m->ext & SMTPE_EXT_XFORWARD))
+            m_fail(r, "XFORWARD after MAIL or not offered", l, n);
+        if (t->rset_due && !t->rset_sent)
+            m_fail(r, "XFORWARD before the RSET that is due", l, n);
+        break;
+    case MK_MAIL:
+        if (t->mail_sent)
+            m_fail(r, "a second MAIL in one transaction", l, n);
+        if (t->rset_due && !t->rset_sent)
+            m_fail(r, "MAIL without the RSET due after a failed transaction", l, n);
+        expect_mail(r, f, &e);
+        if (!same_words(l, n, e.p, e.len)) {
+            fprintf(stderr, "expected: %.*s", (int)e.len, (const char *)e.p);
+            m_fail(r, "MAIL line is not the transaction's reverse-path and parameters", l, n);
+        }
+        t->mail_sent = 1;
+        break;
+    case MK_RCPT:
+        if (!t->mail_sent || t->rcpt_sent >= f->t.rcpt_count || t->failed_flushed)
+            m_fail(r, "RCPT before MAIL, past the last recipient or after the transaction "
+                      "failed", l, n);
+        if (!m_pipelining(r) && !t->mail_ok)
+            m_fail(r, "RCPT before MAIL's 2xx without PIPELINING", l, n);
+        expect_rcpt(r, &f->t.rcpts[t->rcpt_sent], &e);
+        if (!same_words(l, n, e.p, e.len)) {
+            fprintf(stderr, "expected: %.*s", (int)e.len, (const char *)e.p);
+            m_fail(r, "RCPT line is not the next forward-path and its parameters", l, n);
+        }
+        fz_free(&e);
+        m_push(m, kind, t->rcpt_sent, n);
+        t->rcpt_sent++;
+        return;
+    case MK_DATA:
+        if (t->bdat || t->data_sent || t->rcpt_sent < f->t.rcpt_count || t->failed_flushed)
+            m_fail(r, "DATA under CHUNKING, twice, before every RCPT, or after the "
+                      "transaction failed", l, n);
+        if (!m_pipelining(r) && t->n_acc == 0)
+            m_fail(r, "DATA without PIPELINING before a recipient was accepted", l, n);
+        t->data_sent = 1;
+        break;
+    default: /* BDAT */
+        m_bdat(r, l, n);
+        return;
+    }
+    fz_free(&e);
+    m_push(m, kind, 0, n);
+}
+
+/* One complete client line (CRLF included) in command mode. */
 static void m_line(run *r, const uint8_t *l, size_t n)
 {
     model *m = &r->m;
-    const smtpe_client_config *k = CFG(r);
     if (m->closed) {
         /* octets queued before the close may still come out: only the BDAT framing is
          * followed, so that the chunks are still content */
         uint64_t sz = 0;
-        size_t i = 5;
-        while (i < n && l[i] >= '0' && l[i] <= '9')
-            i++;
-        if (n > 7 && memcmp(l, "BDAT ", 5) == 0 && m->t.ftx >= 0 &&
-            parse_u64(l + 5, i - 5, &sz) == 0 && sz > 0) {
+        int last = 0;
+        if (bdat_line(l, n, &sz, &last) && sz > 0) {
             m->bdat_left = sz;
-            m->bdat_is_last = fz_eq(l + i, n - i, " LAST\r\n", 7);
+            m->bdat_is_last = last;
             m->mode = MC_BDAT;
         }
         return;
@@ -1792,35 +1941,11 @@ static void m_line(run *r, const uint8_t *l, size_t n)
         m_auth_line(r, l, n);
         return;
     }
-    int kind;
-    if (n >= 5 && (memcmp(l, "EHLO ", 5) == 0 || memcmp(l, "LHLO ", 5) == 0))
-        kind = MK_EHLO;
-    else if (n >= 5 && memcmp(l, "HELO ", 5) == 0)
-        kind = MK_HELO;
-    else if (fz_eq(l, n, "STARTTLS\r\n", 10))
-        kind = MK_STARTTLS;
-    else if (n >= 8 && memcmp(l, "XCLIENT ", 8) == 0)
-        kind = MK_XCLIENT;
-    else if (n >= 5 && memcmp(l, "AUTH ", 5) == 0)
-        kind = MK_AUTH;
-    else if (fz_eq(l, n, "RSET\r\n", 6))
-        kind = MK_RSET;
-    else if (n >= 9 && memcmp(l, "XFORWARD ", 9) == 0)
-        kind = MK_XFORWARD;
-    else if (n >= 11 && memcmp(l, "MAIL FROM:<", 11) == 0)
-        kind = MK_MAIL;
-    else if (n >= 9 && memcmp(l, "RCPT TO:<", 9) == 0)
-        kind = MK_RCPT;
-    else if (fz_eq(l, n, "DATA\r\n", 6))
-        kind = MK_DATA;
-    else if (n >= 5 && memcmp(l, "BDAT ", 5) == 0)
-        kind = MK_BDAT;
-    else if (fz_eq(l, n, "QUIT\r\n", 6))
-        kind = MK_QUIT;
-    else
+    int kind = line_kind(l, n);
+    if (kind < 0)
         m_fail(r, "a client line that is no command the state allows", l, n);
-    if (m->tls == 0 && k->tls == SMTPE_TLS_REQUIRED && kind != MK_EHLO && kind != MK_HELO &&
-        kind != MK_STARTTLS && kind != MK_QUIT)
+    if (m->tls == 0 && CFG(r)->tls == SMTPE_TLS_REQUIRED && kind != MK_EHLO &&
+        kind != MK_HELO && kind != MK_STARTTLS && kind != MK_QUIT)
         m_fail(r, "tls=REQUIRED: a command in clear other than EHLO/HELO/STARTTLS/QUIT", l, n);
     if (kind == MK_AUTH)
         m_fail(r, "an AUTH line the setup does not call for", l, n);
@@ -1833,9 +1958,7 @@ static void m_line(run *r, const uint8_t *l, size_t n)
     if (is_setup_kind(kind)) {
         m_setup_line(r, kind, l, n);
         m_push(m, kind, 0, n);
-        return;
-    }
-    if (kind == MK_QUIT) {
+    } else if (kind == MK_QUIT) {
         if (m->t.active)
             m_fail(r, "QUIT inside a transaction", l, n);
         if (m_outstanding(m) > 0)
@@ -1846,115 +1969,9 @@ static void m_line(run *r, const uint8_t *l, size_t n)
             m_fail(r, "QUIT before setup is done (no refusal ended the session)", l, n);
         m->quit_sent = 1;
         m_push(m, kind, 0, n);
-        return;
+    } else {
+        m_txn_line(r, kind, l, n);
     }
-    /* transaction commands */
-    if (!m->ready)
-        m_fail(r, "a transaction command before setup is done", l, n);
-    m_check_pipe_room(r, kind == MK_BDAT ? 0 : n, l);
-    if (kind == MK_RSET || kind == MK_XFORWARD || kind == MK_MAIL)
-        m_txn_begin(r, l, n);
-    mtxn *t = &m->t;
-    if (!t->active)
-        m_fail(r, "a transaction command outside a transaction", l, n);
-    const ftxn *f = &r->fc->tx[t->ftx];
-    switch (kind) {
-    case MK_RSET:
-        if (t->mail_sent || !t->rset_due || t->rset_sent)
-            m_fail(r, "RSET where none is due (only before the MAIL after a failed "
-                      "transaction)", l, n);
-        t->rset_sent = 1;
-        break;
-    case MK_XFORWARD:
-        if (t->mail_sent || !(m->ext & SMTPE_EXT_XFORWARD))
-            m_fail(r, "XFORWARD after MAIL or not offered", l, n);
-        if (t->rset_due && !t->rset_sent)
-            m_fail(r, "XFORWARD before the RSET that is due", l, n);
-        break;
-    case MK_MAIL: {
-        if (t->mail_sent)
-            m_fail(r, "a second MAIL in one transaction", l, n);
-        if (t->rset_due && !t->rset_sent)
-            m_fail(r, "MAIL without the RSET due after a failed transaction", l, n);
-        fz_buf e = {0};
-        expect_mail(r, f, &e);
-        if (!same_words(l, n, e.p, e.len)) {
-            fprintf(stderr, "expected: %.*s", (int)e.len, (const char *)e.p);
-            m_fail(r, "MAIL line is not the transaction's reverse-path and parameters", l, n);
-        }
-        fz_free(&e);
-        t->mail_sent = 1;
-        break;
-    }
-    case MK_RCPT: {
-        if (!t->mail_sent || t->rcpt_sent >= f->t.rcpt_count || t->failed_flushed)
-            m_fail(r, "RCPT before MAIL, past the last recipient or after the transaction "
-                      "failed", l, n);
-        if (!m_pipelining(r) && !t->mail_ok)
-            m_fail(r, "RCPT before MAIL's 2xx without PIPELINING", l, n);
-        fz_buf e = {0};
-        expect_rcpt(r, &f->t.rcpts[t->rcpt_sent], &e);
-        if (!same_words(l, n, e.p, e.len)) {
-            fprintf(stderr, "expected: %.*s", (int)e.len, (const char *)e.p);
-            m_fail(r, "RCPT line is not the next forward-path and its parameters", l, n);
-        }
-        fz_free(&e);
-        m_push(m, kind, t->rcpt_sent, n);
-        t->rcpt_sent++;
-        return;
-    }
-    case MK_DATA:
-        if (t->bdat || t->data_sent || t->rcpt_sent < f->t.rcpt_count || t->failed_flushed)
-            m_fail(r, "DATA under CHUNKING, twice, before every RCPT, or after the "
-                      "transaction failed", l, n);
-        if (!m_pipelining(r) && t->n_acc == 0)
-            m_fail(r, "DATA without PIPELINING before a recipient was accepted", l, n);
-        t->data_sent = 1;
-        break;
-    case MK_BDAT: {
-        if (!t->bdat || t->rcpt_sent < f->t.rcpt_count)
-            m_fail(r, "BDAT without CHUNKING or before every RCPT", l, n);
-        if (t->failed_flushed)
-            m_fail(r, "BDAT after the transaction failed (RFC 3030 §2: no BDAT after a "
-                      "refused one)", l, n);
-        if (t->lasts)
-            m_fail(r, "BDAT after BDAT LAST", l, n);
-        if (t->bdat_out)
-            m_fail(r, "BDAT while the previous chunk awaits its reply", l, n);
-        uint64_t sz = 0;
-        size_t i = 5;
-        while (i < n - 2 && l[i] >= '0' && l[i] <= '9')
-            i++;
-        if (parse_u64(l + 5, i - 5, &sz) != 0 || (l[5] == '0' && i > 6))
-            m_fail(r, "BDAT size is not a number", l, n);
-        int last = 0;
-        if (fz_eq(l + i, n - i, " LAST\r\n", 7))
-            last = 1;
-        else if (!fz_eq(l + i, n - i, "\r\n", 2))
-            m_fail(r, "BDAT line is not \"BDAT n [LAST]\"", l, n);
-        m_check_pipe_room(r, n, l);
-        t->bdat_out = 1;
-        if (last) {
-            t->lasts++;
-            t->end_sent = 1;
-        }
-        m_push(m, last ? MK_BDAT_LAST : MK_BDAT, 0, n);
-        m->bdat_left = sz;
-        m->bdat_is_last = last;
-        m->mode = MC_BDAT;
-        if (sz == 0 && last) {
-            m->mode = MC_LINE;
-            r->tx[t->ftx].end_seen = 1;
-            r->tx[t->ftx].end_wire = m->wire;
-        } else if (sz == 0) {
-            m->mode = MC_LINE;
-        }
-        return;
-    }
-    default:
-        break;
-    }
-    m_push(m, kind, 0, n);
 }
 
 /* The end of a DATA section: the decoder saw CRLF.CRLF. */
@@ -2011,13 +2028,14 @@ static void m_client(run *r, const uint8_t *p, size_t n)
             size_t k = n - i;
             if (k > m->bdat_left)
                 k = (size_t)m->bdat_left;
-            fz_put(&r->tx[m->t.ftx].wire, p + i, k);
+            if (m->t.active || !m->closed) /* a transaction the model saw begin */
+                fz_put(&r->tx[m->t.ftx].wire, p + i, k);
             i += k;
             m->wire += k;
             m->bdat_left -= k;
             if (m->bdat_left == 0) {
                 m->mode = MC_LINE;
-                if (m->bdat_is_last) {
+                if (m->bdat_is_last && (m->t.active || !m->closed)) {
                     r->tx[m->t.ftx].end_seen = 1;
                     r->tx[m->t.ftx].end_wire = m->wire;
                 }
@@ -2298,42 +2316,46 @@ static void check_done(run *r, const smtpe_client_event *ev)
 static void react_tls(run *r);
 static void answer_auth(run *r, const uint8_t *p, size_t n);
 
+/* READY: logged; its capabilities are get_caps' and those the reference parsed. */
+static void take_ready(run *r, const smtpe_client_caps *k)
+{
+    const model *m = &r->m;
+    LOGF(r, "READY ext=%#x size=%llu by=%lld esmtp=%d tls=%d auth_ok=%d auth=", k->extensions,
+         (unsigned long long)k->size_limit, (long long)k->deliverby_min, k->esmtp, k->tls,
+         k->authenticated);
+    log_span(r, k->auth);
+    log_span(r, k->xclient);
+    log_span(r, k->xforward);
+    LOGF(r, "\n");
+    const smtpe_client_caps *g = smtpe_client_get_caps(r->c);
+    FUZZ_CHECK(g && g->extensions == k->extensions && g->size_limit == k->size_limit &&
+                   g->tls == k->tls && g->authenticated == k->authenticated &&
+                   fz_eq(g->auth.ptr, g->auth.len, k->auth.ptr, k->auth.len),
+               "smtpe_client_get_caps differs from READY's capabilities");
+    if (!m->closed) {
+        FUZZ_CHECK(m->ready, "READY although the reference says setup is not done");
+        FUZZ_CHECK(k->extensions == m->ext, "READY extensions differ from the EHLO reply's");
+        FUZZ_CHECK(k->size_limit == m->size_limit, "READY size_limit differs from SIZE");
+        FUZZ_CHECK(k->deliverby_min == m->deliverby_min, "READY deliverby_min differs");
+        FUZZ_CHECK(fz_eq(k->auth.ptr, k->auth.len, m->auth, m->auth_len),
+                   "READY auth differs from the EHLO AUTH line");
+        FUZZ_CHECK(fz_eq(k->xclient.ptr, k->xclient.len, m->xclient, m->xclient_len),
+                   "READY xclient differs from the EHLO XCLIENT line");
+        FUZZ_CHECK(fz_eq(k->xforward.ptr, k->xforward.len, m->xforward, m->xforward_len),
+                   "READY xforward differs from the EHLO XFORWARD line");
+        FUZZ_CHECK(k->tls == m->tls && k->authenticated == m->authenticated &&
+                       k->esmtp == m->esmtp,
+                   "READY tls/authenticated/esmtp differ from the reference");
+    }
+}
+
 static void take_event(run *r, const smtpe_client_event *ev)
 {
     FUZZ_CHECK(!r->closed_ev, "an event after CLOSED");
     switch (ev->type) {
-    case SMTPE_CEV_READY: {
-        const smtpe_client_caps *k = &ev->ready;
-        const model *m = &r->m;
-        LOGF(r, "READY ext=%#x size=%llu by=%lld esmtp=%d tls=%d auth_ok=%d auth=", k->extensions,
-             (unsigned long long)k->size_limit, (long long)k->deliverby_min, k->esmtp, k->tls,
-             k->authenticated);
-        log_span(r, k->auth);
-        log_span(r, k->xclient);
-        log_span(r, k->xforward);
-        LOGF(r, "\n");
-        const smtpe_client_caps *g = smtpe_client_get_caps(r->c);
-        FUZZ_CHECK(g && g->extensions == k->extensions && g->size_limit == k->size_limit &&
-                       g->tls == k->tls && g->authenticated == k->authenticated &&
-                       fz_eq(g->auth.ptr, g->auth.len, k->auth.ptr, k->auth.len),
-                   "smtpe_client_get_caps differs from READY's capabilities");
-        if (!m->closed) {
-            FUZZ_CHECK(m->ready, "READY although the reference says setup is not done");
-            FUZZ_CHECK(k->extensions == m->ext, "READY extensions differ from the EHLO reply's");
-            FUZZ_CHECK(k->size_limit == m->size_limit, "READY size_limit differs from SIZE");
-            FUZZ_CHECK(k->deliverby_min == m->deliverby_min, "READY deliverby_min differs");
-            FUZZ_CHECK(fz_eq(k->auth.ptr, k->auth.len, m->auth, m->auth_len),
-                       "READY auth differs from the EHLO AUTH line");
-            FUZZ_CHECK(fz_eq(k->xclient.ptr, k->xclient.len, m->xclient, m->xclient_len),
-                       "READY xclient differs from the EHLO XCLIENT line");
-            FUZZ_CHECK(fz_eq(k->xforward.ptr, k->xforward.len, m->xforward, m->xforward_len),
-                       "READY xforward differs from the EHLO XFORWARD line");
-            FUZZ_CHECK(k->tls == m->tls && k->authenticated == m->authenticated &&
-                           k->esmtp == m->esmtp,
-                       "READY tls/authenticated/esmtp differ from the reference");
-        }
+    case SMTPE_CEV_READY:
+        take_ready(r, &ev->ready);
         break;
-    }
     case SMTPE_CEV_STARTTLS:
         /* octets of this read after the 220 (step_left) came before the handshake: the host
          * feeds them first (smtpe.h), and the session must then end */
@@ -2464,10 +2486,9 @@ static void give_content(run *r, int *progress)
 
 static void pump(run *r, int limit)
 {
-    int progress = 1;
+    int progress = 1, taken = 0;
     while (progress) {
         progress = 0;
-        int taken = 0;
         smtpe_client_event ev;
         while (limit == 0 || taken < limit) {
             unsigned w = want(r);
@@ -2505,6 +2526,16 @@ static void pump(run *r, int limit)
     if ((w & SMTPE_WANT_CLOSE) && !r->m.closed && !r->host_close) {
         fprintf(stderr, "engine closed; reference still open\n");
         FUZZ_CHECK(0, "the engine ended the session where the reference sees no reason");
+    }
+    if (d != UINT64_MAX) { /* RFC 5321 §4.5.3.2: one of the configured timeouts from now, at most */
+        const smtpe_client_config *k = CFG(r);
+        uint64_t most = k->greeting_timeout_ms;
+        uint64_t t[] = {k->command_timeout_ms, k->data_timeout_ms, k->data_block_timeout_ms,
+                        k->data_end_timeout_ms};
+        for (size_t i = 0; i < NELEM(t); i++)
+            most = t[i] > most ? t[i] : most;
+        FUZZ_CHECK(d > r->now && d - r->now <= most,
+                   "expiry() is not within the longest configured timeout from now");
     }
     r->deadline = d;
     LOGF(r, "T %llu want %#x\n", (unsigned long long)d, w);
