@@ -64,10 +64,11 @@
  * stopped at an event, and after each read and each host op, it takes the events, reacts
  * (content, AUTH responses, the TLS handshake), writes the output (all of it, or a budget per
  * round) and arms its timer (smtpe_client_expiry); between the pieces of one read it does
- * nothing. A STARTTLS event while octets of the same read are still unfed cannot be acted on
- * (those octets came before the handshake): the host feeds them, and the engine must end the
- * session (RFC 3207 §4.2); run 1 sees that read whole, so the engine queues no STARTTLS event
- * there and the split run leaves it out of its log.
+ * nothing. After a STARTTLS event the host first feeds what is left of the read (those octets
+ * came before the handshake, and the engine must then end the session, RFC 3207 §4.2), and runs
+ * its handshake (smtpe_client_tls_started) only when nothing is left. Between reads the host
+ * takes at most 1 or 2 events per round when the header says so, so that its calls (submit,
+ * lost, quit, the clock...) also meet events it has not taken yet.
  *
  * Oracles (abort on violation):
  *  (1) split invariance: both runs put the same octets on the wire and give the same log (every
@@ -86,8 +87,10 @@
  *  (3) outcomes: one per recipient, index in range, never two; TRANSACTION_DONE after all of
  *      them with counts that match and the txn pointer submitted; CLOSED at most once and
  *      nothing after it; a reply-decided outcome carries the code of the reply a reference
- *      matcher (below) gave that recipient; UNKNOWN only when the end of the content was
- *      acknowledged by the host; refusals before MAIL exactly when the reference says;
+ *      matcher (below) gave that recipient; once the end of the content went out (handed out;
+ *      written, when the connection was lost) a recipient no reply decided is UNKNOWN, never
+ *      TEMPORARY; others an end of the session decides are TEMPORARY (PERMANENT for content
+ *      refused mid-stream); refusals before MAIL exactly when the reference says;
  *  (4) the command stream: a reference model parses the client's output into command lines and
  *      content (it knows where content is from the replies it matched itself) and matches the
  *      server's replies to the commands in order (RFC 2920 §3.1, LMTP RFC 2033 §4.2, 421 at any
@@ -102,7 +105,10 @@
  *      content or after STARTTLS until their replies; no BDAT after a refused one, at most one
  *      LAST; nothing after QUIT; nothing queued after CLOSED; the engine closes exactly when
  *      the reference says a reply ends the session, for the same reason; READY's capabilities
- *      are those the reference parsed from the EHLO reply;
+ *      are those the reference parsed from the EHLO reply. A line is judged when send_buf
+ *      hands it out, against the replies consumed by then; as it may have been queued before
+ *      some of them, the rule a later reply tightens (no RCPT, DATA or BDAT once the
+ *      transaction failed) applies from the last time the host had been handed everything;
  *  (5) memory: smtpe_client_memory_size(cfg) is smtpe.h's formula S + max_reply_line +
  *      output_buffer_size + 12 * (max_unanswered / 6 + 8) + 2 * ceil(max_recipients / 8)
  *      rounded to max_align_t, S derived once from the defaults' documented 30000 octets (LP64;
@@ -2265,6 +2271,17 @@ static void check_outcome(run *r, const smtpe_client_event *ev)
         if (o->code)
             FUZZ_CHECK(o->enhanced.ptr[0] == '0' + o->code / 100,
                        "OUTCOME enhanced status code of another class than the code");
+    }
+    if (o->local && !o->before_mail && !(rt->md[o->index].set && !rt->md[o->index].closing) &&
+        r->m.closed && o->outcome != SMTPE_OUTCOME_UNKNOWN) {
+        /* decided by the end of the session: smtpe.h says how */
+        if (r->refused_mid)
+            FUZZ_CHECK(o->outcome == SMTPE_OUTCOME_PERMANENT,
+                       "content refused mid-stream but a recipient not permanent");
+        else
+            FUZZ_CHECK(o->outcome == SMTPE_OUTCOME_TEMPORARY,
+                       "a recipient the end of the session decided is neither temporary nor "
+                       "unknown");
     }
     const mdec *d = &rt->md[o->index];
     if (d->set && !o->local) {
