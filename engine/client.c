@@ -258,14 +258,19 @@ static int clean_string(const char *t, size_t max)
 static int helo_name_valid(const char *name)
 {
     uint8_t buf[SMTPE__MAX_DOMAIN + 8];
-    size_t n = strlen(name), used;
+    size_t n = strlen(name), used = 0;
     smtpe_path p;
+    int r;
     if (n == 0 || n > SMTPE__MAX_DOMAIN)
         return 0;
     memcpy(buf, "<a@", 3);
     memcpy(buf + 3, name, n);
     buf[3 + n] = '>';
-    return smtpe__parse_path(buf, n + 4, 0, &p, &used) == SMTPE__PATH_OK && used == n + 4;
+    /* as a mailbox's domain; the path may pass 256 octets (TOO_LONG comes only after the
+     * grammar was met): a domain of up to 255 octets is a valid EHLO argument */
+    r = smtpe__parse_path(buf, n + 4, 0, &p, &used);
+    return (r == SMTPE__PATH_OK || r == SMTPE__PATH_TOO_LONG) && used == n + 4 &&
+           p.domain.len == n;
 }
 
 /* 1 if s is an esmtp-keyword / xtext attribute name: ALPHA / DIGIT / "-", 1..32 octets. */

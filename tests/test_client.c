@@ -501,6 +501,21 @@ static void test_q11_bad_arguments(void **st)
     h.cfg.auth_user = "u\nx";
     h.cfg.auth_password = "p";
     assert_int_equal(ch_open(&h), SMTPE_ERR_INVALID_ARGUMENT);
+    {
+        static char name[257];
+        memset(name, 'a', 256);
+        for (int i = 63; i < 256; i += 64)
+            name[i] = '.'; /* labels of 63 */
+        name[255] = '\0'; /* 255 octets: the longest domain (RFC 5321 §4.5.3.1.2) */
+        h.cfg.helo_name = name;
+        h.cfg.auth_mechanism = NULL;
+        assert_int_equal(ch_open(&h), 0);
+        ch_free(&h);
+        name[255] = 'a';   /* 256 */
+        assert_int_equal(ch_open(&h), SMTPE_ERR_INVALID_ARGUMENT);
+        h.cfg.helo_name = "client.example";
+        h.cfg.auth_mechanism = "PLAIN";
+    }
     h.cfg.auth_user = "u";
     h.cfg.output_buffer_size = 100; /* a limit out of range */
     assert_int_equal(ch_open(&h), SMTPE_ERR_CONFIG);
