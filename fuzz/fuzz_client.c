@@ -2540,6 +2540,9 @@ static void pump(run *r, int limit)
         FUZZ_CHECK(d == UINT64_MAX, "a timer runs while the host owes an AUTH response");
     if (r->tls_pending && !(w & SMTPE_WANT_CLOSE))
         FUZZ_CHECK(d == UINT64_MAX, "a timer runs while the host runs the TLS handshake");
+    if (!(w & (SMTPE_WANT_EVENT | SMTPE_WANT_CLOSE)))
+        FUZZ_CHECK(!!(w & SMTPE_WANT_VERDICT) == r->auth_owed,
+                   "SMTPE_WANT_VERDICT is not exactly 'an AUTH_STEP waits for its answer'");
     if ((w & SMTPE_WANT_CLOSE) && !r->m.closed && !r->host_close) {
         fprintf(stderr, "engine closed; reference still open\n");
         FUZZ_CHECK(0, "the engine ended the session where the reference sees no reason");
@@ -2593,9 +2596,11 @@ static void answer_auth(run *r, const uint8_t *p, size_t n)
         FUZZ_CHECK(rc == SMTPE_ERR_STATE, "auth_response accepted although no AUTH_STEP waits");
         return;
     }
-    if (n > 8192)
-        FUZZ_CHECK(rc == SMTPE_ERR_INVALID_ARGUMENT, "auth_response took over 8192 octets");
-    else if (SMTPE__BASE64_LEN(n) + 50 <= CFG(r)->output_buffer_size)
+    /* smtpe.h: over 8192 octets, or base64 over output_buffer_size - 50 octets */
+    if (n > 8192 || SMTPE__BASE64_LEN(n) + 50 > CFG(r)->output_buffer_size)
+        FUZZ_CHECK(rc == SMTPE_ERR_INVALID_ARGUMENT,
+                   "auth_response took a response over smtpe.h's limits");
+    else
         FUZZ_CHECK(rc == 0 || (rc == SMTPE_ERR_STATE && (want(r) & SMTPE_WANT_CLOSE)),
                    "auth_response refused a response within the limits");
     if (rc == 0) {
