@@ -2084,7 +2084,9 @@ static void on_reply(smtpe_client *c)
         return;
     }
     if (!handed) { /* not all of it was handed to the host: the server cannot have read it */
-        protocol_error(c, "a reply to a command not yet sent");
+        /* the same words as with nothing queued: whether the host had queued the next
+         * command yet depends on how the input was split */
+        protocol_error(c, "a reply with no command outstanding");
         return;
     }
     if (code / 100 == 3 && !(kind == K_DATA && code == 354) && !(kind == K_AUTH && code == 334)) {

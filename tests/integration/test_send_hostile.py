@@ -713,7 +713,7 @@ class TestUnsolicited(Base):
 
     # Regression (was bug B): the server answers the final dot with "250 queued" and an
     # extra 250 in one write. The second transaction's MAIL, RCPT and DATA are queued, not yet
-    # handed out, when the extra 250 is found to be "a reply to a command not yet sent"; they
+    # handed out, when the extra 250 is found to be a reply to a command not yet sent; they
     # never go: a session given up drops every octet it has not handed out.
     def test_an_extra_reply_after_the_final_250(self):
         # with --messages 2 the extra 250 must not become the reply to the second MAIL
