@@ -64,7 +64,8 @@
  * stopped at an event, and after each read and each host op, it takes the events, reacts
  * (content, AUTH responses, the TLS handshake), writes the output (all of it, or a budget per
  * round) and arms its timer (smtpe_client_expiry); between the pieces of one read it does
- * nothing. After a STARTTLS event the host first feeds what is left of the read (those octets
+ * nothing, and while octets of a read are still unfed it takes events and reacts but sends
+ * nothing (smtpe.h: a host feeds everything it has read before it sends). After a STARTTLS event the host first feeds what is left of the read (those octets
  * came before the handshake, and the engine must then end the session, RFC 3207 §4.2), and runs
  * its handshake (smtpe_client_tls_started) only when nothing is left. Between reads the host
  * takes at most 1 or 2 events per round when the header says so, so that its calls (submit,
@@ -2523,7 +2524,9 @@ static void pump(run *r, int limit)
             progress = 1;
         }
         give_content(r, &progress);
-        if (flush(r, r->budget))
+        /* smtpe.h (smtpe_client_recv): a host feeds everything it has read before it sends the
+         * output queued meanwhile */
+        if (r->step_left == 0 && flush(r, r->budget))
             progress = 1;
         if (r->tls_pending && (want(r) & SMTPE_WANT_CLOSE))
             r->tls_pending = 0; /* the octets fed before the handshake ended the session */
@@ -2646,6 +2649,11 @@ static void feed(run *r, const uint8_t *p, size_t n)
             off += (size_t)k;
             piece -= (size_t)k;
             r->step_left = n - off;
+            if (want(r) & SMTPE_WANT_CLOSE) { /* the session is over: the rest is dropped */
+                r->step_left = 0;
+                pump(r, 0);
+                return;
+            }
             if (piece == 0 && !(want(r) & SMTPE_WANT_EVENT))
                 break;
             if (k == 0) {
@@ -3448,8 +3456,7 @@ static void program(gen *g)
         for (int k = 0; k < 48 && auto_round(g); k++)
             ;
     act1(g, A_FINAL, 0, NULL, 0);
-    if (!g->r->closed_ev)
-        act1(g, A_LOST, 0, NULL, 0);
+    act1(g, A_LOST, 0, NULL, 0); /* run 2 gets it too, whatever run 1's session did */
 }
 
 /* ------------------------------------------------------------------------------------------ */
