@@ -2079,7 +2079,7 @@ static void on_reply(smtpe_client *c)
     }
     kind = c->sent[c->sent_head].kind;
     int handed = (int32_t)(c->sent[c->sent_head].end - (uint32_t)c->handed) <= 0;
-    if (code == 421 && kind != K_QUIT && (!handed || (kind != K_DOT && kind != K_BDAT_LAST))) {
+    if (code == 421 && (!handed || (kind != K_QUIT && kind != K_DOT && kind != K_BDAT_LAST))) {
         close_session(c, SMTPE_CLOSE_SERVER_421, code, rest, 0); /* RFC 5321 §3.8: any time */
         return;
     }
