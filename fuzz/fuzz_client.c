@@ -509,6 +509,10 @@ typedef struct mtxn {
      * handed out later was queued after the failure was known (one handed out earlier may
      * have been queued before the reply that failed it) */
     int failed_flushed;
+    /* all its commands handed out were answered (the engine may still have one queued that the
+     * host has not been handed: it is over once that is answered); ended_flushed: so it was
+     * at the last moment the host had been handed everything */
+    int ended, ended_flushed;
 } mtxn;
 
 typedef struct mdec { /* a recipient's outcome as the model decided it */
@@ -1041,6 +1045,7 @@ static void m_txn_check_done(run *r)
     if (!t->failed && !t->end_replied)
         return;
     t->active = 0;
+    t->ended = 1;
 }
 
 /* ---- replies ---- */
@@ -1851,6 +1856,12 @@ static void m_txn_line(run *r, int kind, const uint8_t *l, size_t n)
     if (kind == MK_RSET || kind == MK_XFORWARD || kind == MK_MAIL)
         m_txn_begin(r, l, n);
     mtxn *t = &m->t;
+    if (!t->active && t->ended && !t->ended_flushed && kind != MK_RSET && kind != MK_XFORWARD &&
+        kind != MK_MAIL && r->cur == t->ftx) {
+        /* queued before the replies that ended it were read, handed out after */
+        t->active = 1;
+        t->ended = 0;
+    }
     if (!t->active)
         m_fail(r, "a transaction command outside a transaction", l, n);
     const ftxn *f = &r->fc->tx[t->ftx];
@@ -2203,6 +2214,7 @@ static int flush(run *r, size_t limit)
         const uint8_t *p = peek(r, &len);
         if (len == 0) {
             r->m.t.failed_flushed = r->m.t.failed; /* everything queued is handed out */
+            r->m.t.ended_flushed = r->m.t.ended;
             break;
         }
         size_t k = len < limit ? len : limit;
