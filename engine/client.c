@@ -2190,6 +2190,10 @@ smtpe_ssize smtpe_client_recv(smtpe_client *c, const uint8_t *buf, size_t n, uin
         on_line(c); /* the last line of an EHLO reply is a keyword line too */
         on_reply(c);
         smtpe__reply_parser_start(&c->rp);
+        /* what this reply made possible is queued (and its events raised) before the next
+         * reply is judged, as when the read had ended here: the verdict on the rest of the
+         * octets must not depend on where the host's reads were split (split invariance) */
+        advance(c);
     }
     advance(c);
     return (smtpe_ssize)off;

@@ -3269,6 +3269,121 @@ static void test_host_mechanism_long_initial_response(void **st)
     assert_int_equal(smtpe_client_auth_response(r.c, resp, 1), SMTPE_ERR_STATE);
     raw_free(&r);
 }
+/* ==== replies in one read with what the replies before them made possible ============ */
+
+/* A host that feeds everything it has read before it sends (smtpe.h, smtpe_client_recv):
+ * s goes in pieces of piece octets (0: one call), the events are taken whenever the engine
+ * stops, an AUTH_STEP is answered at once, and nothing is written. Each event is one line of
+ * log: its type, and for CLOSED the reason and text. */
+static void feed_one_read(smtpe_client *c, const char *s, size_t piece, obuf *log)
+{
+    size_t n = strlen(s), off = 0;
+    int stuck = 0;
+    while (off < n && stuck < 3) {
+        size_t k = piece && piece < n - off ? piece : n - off;
+        smtpe_ssize r = smtpe_client_recv(c, (const uint8_t *)s + off, k, 0);
+        smtpe_client_event ev;
+        char line[300];
+        assert_true(r >= 0);
+        off += (size_t)r;
+        stuck = r == 0 ? stuck + 1 : 0;
+        while (smtpe_client_next_event(c, &ev) == 1) {
+            if (ev.type == SMTPE_CEV_CLOSED) {
+                snprintf(line, sizeof line, "CLOSED %d %.*s\n", ev.closed.reason,
+                         (int)ev.closed.text.len, (const char *)ev.closed.text.ptr);
+            } else if (ev.type == SMTPE_CEV_AUTH_STEP) {
+                snprintf(line, sizeof line, "AUTH_STEP %u\n", ev.auth_step.step);
+                assert_int_equal(smtpe_client_auth_response(c, (const uint8_t *)"tok", 3), 0);
+            } else {
+                snprintf(line, sizeof line, "EV %d\n", (int)ev.type);
+            }
+            ob_str(log, line);
+        }
+    }
+    assert_int_equal(off, n);
+}
+
+/* cfg's session through reads[] (the output written after each), the last read in every
+ * split (whole, one octet at a time, and pieces of every size): its events must be want in
+ * each, the same as when the host's reads had ended at any of its octets. */
+static void last_read_every_split(const smtpe_client_config *cfg, const char *const *reads,
+                                  const char *want)
+{
+    size_t last = 0;
+    while (reads[last + 1])
+        last++;
+    for (size_t piece = 0; piece <= strlen(reads[last]); piece++) {
+        smtpe_client *c;
+        obuf log = {0};
+        assert_int_equal(smtpe_client_new(&c, cfg, NULL, 0), 0);
+        for (size_t i = 0; i < last; i++) {
+            feed_one_read(c, reads[i], 0, &log);
+            write_all(c);
+        }
+        log.len = 0;
+        ob_put(&log, "", 0);
+        feed_one_read(c, reads[last], piece, &log);
+        if (strcmp((const char *)log.p, want) != 0)
+            fail_msg("pieces of %zu octets: events\n%s, expected\n%s", piece,
+                     (const char *)log.p, want);
+        smtpe_client_free(c);
+        ob_free(&log);
+    }
+}
+
+/* FIXED (found by fuzz_client's split-invariance oracle): a 334 in the same read as the EHLO
+ * reply that leads to AUTH by a host-run mechanism. When the read ended after the EHLO reply,
+ * AUTH_STEP 0 came and the 334 was judged against the AUTH line the host then gave (queued,
+ * not handed out: unsolicited); in one read the 334 was judged before the AUTH step was
+ * prepared, and the session closed without AUTH_STEP. Each reply's consequences (advance)
+ * now come before the next reply is judged. */
+static void test_fixed_auth_step_before_next_reply_of_read(void **st)
+{
+    (void)st;
+    smtpe_client_config cfg;
+    const char *const reads[] = {GREET, "250-mx\r\n250 AUTH X-TOKEN\r\n334 go ahead\r\n", NULL};
+    smtpe_client_config_init(&cfg);
+    cfg.helo_name = "client.example";
+    cfg.auth_mechanism = "X-TOKEN";
+    cfg.auth_plaintext_ok = 1;
+    last_read_every_split(&cfg, reads,
+                          "AUTH_STEP 0\nCLOSED 2 a reply with no command outstanding\n");
+}
+
+/* FIXED (found by fuzz_client): the EHLO reply after XCLIENT lists none of the attributes
+ * still to send and no AUTH mechanism, and a stray reply follows in the same read. The
+ * XCLIENT step finds nothing left, and AUTH cannot go: the session ends for that
+ * (AUTH_FAILED, with QUIT) before the stray reply is judged, in every split; in one read it
+ * was judged first (a protocol error), so the close depended on where reads ended. */
+static void test_fixed_setup_close_before_next_reply_of_read(void **st)
+{
+    (void)st;
+    static char v[3][201];
+    static smtpe_param attrs[3];
+    static const char *const names[3] = {"NAME", "ADDR", "HELO"};
+    smtpe_client_config cfg;
+    const char *const reads[] = {GREET, "250-mx\r\n250-XCLIENT NAME ADDR HELO\r\n250 AUTH PLAIN\r\n",
+                                 "220 ok\r\n", "250-mx\r\n250 XCLIENT NAME\r\n250 stray\r\n",
+                                 NULL};
+    for (int i = 0; i < 3; i++) { /* two attributes fill the first line, HELO needs a second */
+        memset(v[i], 'a' + i, 200);
+        attrs[i].keyword.ptr = (const uint8_t *)names[i];
+        attrs[i].keyword.len = 4;
+        attrs[i].value.ptr = (const uint8_t *)v[i];
+        attrs[i].value.len = 200;
+    }
+    smtpe_client_config_init(&cfg);
+    cfg.helo_name = "client.example";
+    cfg.xclient = attrs;
+    cfg.xclient_count = 3;
+    cfg.auth_mechanism = "PLAIN";
+    cfg.auth_user = "u";
+    cfg.auth_password = "p";
+    cfg.auth_plaintext_ok = 1;
+    last_read_every_split(&cfg, reads,
+                          "CLOSED 6 the server offers no usable AUTH mechanism\n");
+}
+
 /* ==== main ============================================================================ */
 
 int main(void)
@@ -3327,6 +3442,8 @@ int main(void)
         cmocka_unit_test(test_xclient_several_lines),
         cmocka_unit_test(test_auth_initial_response_boundary),
         cmocka_unit_test(test_host_mechanism_long_initial_response),
+        cmocka_unit_test(test_fixed_auth_step_before_next_reply_of_read),
+        cmocka_unit_test(test_fixed_setup_close_before_next_reply_of_read),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
