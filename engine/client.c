@@ -1803,6 +1803,30 @@ static smtpe_ssize content_data(smtpe_client *c, const uint8_t *p, size_t n, int
     return (smtpe_ssize)used;
 }
 
+/* The longest command line a BDAT chunk of this session can have: "BDAT ", the digits of
+ * output_buffer_size (no chunk is larger), " LAST\r\n". */
+static size_t bdat_line_max(const smtpe_client *c)
+{
+    size_t n = 5 + 7, v = c->out_cap;
+    do {
+        n++;
+        v /= 10;
+    } while (v);
+    return n;
+}
+
+/* Whether the next BDAT chunk's command may be queued now: the previous chunk was answered,
+ * the command queue has a slot, and its line fits under max_unanswered with the commands
+ * outstanding (the first chunk goes with the MAIL / RCPT group, RFC 3030 §2, held to the
+ * same cap as the DATA of a group, RFC 2920 §3.1; one command is always allowed when none is
+ * outstanding). Its exact length is known only once the chunk is encoded, so the longest
+ * line it can have is counted. */
+static int bdat_may_queue(const smtpe_client *c)
+{
+    return !c->bdat_out && c->sent_count < c->sent_cap &&
+           (c->sent_count == 0 || c->unanswered + bdat_line_max(c) <= c->cfg.max_unanswered);
+}
+
 /* BDAT: one chunk per call of at most chunk_size octets, the next only after the previous
  * chunk's reply (so no BDAT follows a refused one, RFC 3030 §2). The chunk is encoded into the
  * output after room for its command line, whose count is then known exactly; the command line
@@ -1813,7 +1837,7 @@ static smtpe_ssize content_bdat(smtpe_client *c, const uint8_t *p, size_t n, int
     int to_b, is_last;
     uint8_t *q, head[BDAT_HEAD];
     wr hw = {head, 0, sizeof head, 0};
-    if (c->bdat_out || c->sent_count == c->sent_cap)
+    if (!bdat_may_queue(c))
         return 0;
     q = out_reserve(c, BDAT_HEAD + SMTPE__STUFF_FINISH_MAX + 4, &room, &to_b);
     if (!q)
@@ -2329,8 +2353,7 @@ static int content_room(const smtpe_client *c)
     if (c->content != CT_WANTED)
         return 0;
     if (c->tx_bdat)
-        return !c->bdat_out && c->sent_count < c->sent_cap &&
-               room >= BDAT_HEAD + SMTPE__STUFF_FINISH_MAX + 4;
+        return bdat_may_queue(c) && room >= BDAT_HEAD + SMTPE__STUFF_FINISH_MAX + 4;
     return room >= 4;
 }
 

@@ -3384,6 +3384,71 @@ static void test_fixed_setup_close_before_next_reply_of_read(void **st)
                           "CLOSED 6 the server offers no usable AUTH mechanism\n");
 }
 
+/* ==== BDAT and max_unanswered ======================================================== */
+
+/* FIXED (review): the first BDAT goes with the pipelined MAIL / RCPT group, and its command
+ * line was not held to max_unanswered as DATA's is (RFC 2920 §3.1): a group of 505 octets
+ * under a cap of 512 got "BDAT 21 LAST" (14 octets) behind it, 519 octets unanswered. The
+ * chunk now waits until its line fits (the longest a BDAT line of the session can be, 17
+ * octets here), and want() says CONTENT exactly then. */
+static void test_fixed_bdat_line_held_to_max_unanswered(void **st)
+{
+    (void)st;
+    static char names[6][80];
+    static smtpe_client_rcpt rcpts[6];
+    smtpe_client_config cfg;
+    smtpe_client_txn txn;
+    smtpe_client *c;
+    const uint8_t *o;
+    size_t len, group = 0, lines = 0;
+    char bdat[32];
+    smtpe_client_config_init(&cfg);
+    cfg.helo_name = "client.example";
+    cfg.max_unanswered = 512;
+    assert_int_equal(smtpe_client_new(&c, &cfg, NULL, 0), 0);
+    feed_at(c, GREET, 0);
+    write_all(c);
+    feed_at(c, "250-mx\r\n250-PIPELINING\r\n250 CHUNKING\r\n", 0);
+    take_all(c);
+    /* MAIL FROM:<s@example.com> is 27 octets, each RCPT TO:<...> 12 + its path: the paths
+     * of 68, 68, 68, 68, 67 and 67 octets make a group of 505 */
+    for (int i = 0; i < 6; i++) {
+        size_t local = (i < 4 ? 68 : 67) - strlen("@example.org");
+        memset(names[i], 'a' + i, local);
+        strcpy(names[i] + local, "@example.org");
+        rcpts[i].forward_path = names[i];
+    }
+    memset(&txn, 0, sizeof txn);
+    txn.reverse_path = "s@example.com";
+    txn.rcpts = rcpts;
+    txn.rcpt_count = 6;
+    assert_int_equal(smtpe_client_submit(c, &txn), 0);
+    take_all(c); /* CONTENT */
+    while ((o = smtpe_client_send_buf(c, &len)) && len > 0) {
+        for (size_t i = 0; i < len; i++)
+            lines += o[i] == '\n';
+        group += len;
+        smtpe_client_send_ack(c, len);
+    }
+    assert_int_equal(lines, 7);
+    assert_int_equal(group, 505);
+    /* 505 + 17 > 512: the chunk waits, whatever the host tries */
+    assert_false(smtpe_client_want(c) & SMTPE_WANT_CONTENT);
+    assert_int_equal(smtpe_client_content(c, MSG, sizeof MSG - 1, 1), 0);
+    assert_int_equal(smtpe_client_send_buf(c, &len) ? len : 0, 0);
+    /* the MAIL's reply: 478 + 17 <= 512, so it goes */
+    feed_at(c, "250 ok\r\n", 0);
+    take_all(c);
+    assert_true(smtpe_client_want(c) & SMTPE_WANT_CONTENT);
+    assert_int_equal(smtpe_client_content(c, MSG, sizeof MSG - 1, 1), sizeof MSG - 1);
+    o = smtpe_client_send_buf(c, &len);
+    snprintf(bdat, sizeof bdat, "BDAT %zu LAST\r\n", sizeof MSG - 1);
+    assert_int_equal(len, strlen(bdat) + sizeof MSG - 1);
+    assert_memory_equal(o, bdat, strlen(bdat));
+    assert_true(478 + strlen(bdat) <= 512);
+    smtpe_client_free(c);
+}
+
 /* ==== main ============================================================================ */
 
 int main(void)
@@ -3444,6 +3509,7 @@ int main(void)
         cmocka_unit_test(test_host_mechanism_long_initial_response),
         cmocka_unit_test(test_fixed_auth_step_before_next_reply_of_read),
         cmocka_unit_test(test_fixed_setup_close_before_next_reply_of_read),
+        cmocka_unit_test(test_fixed_bdat_line_held_to_max_unanswered),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
