@@ -186,8 +186,9 @@ static int prefix_ok(const smtpe__reply_parser *p, const uint8_t *in)
         return 0;
     if (in[3] != '-' && in[3] != ' ')
         return 0;
-    return p->lines == 0 || (in[0] == code_digit(p->code, 0) &&
-                             in[1] == code_digit(p->code, 1) && in[2] == code_digit(p->code, 2));
+    /* a later line: buf[0..3) still holds the line before's code, which was the first's (a
+     * CR is taken only at len >= 3, and a line whose code differs is an error) */
+    return p->lines == 0 || (in[0] == p->buf[0] && in[1] == p->buf[1] && in[2] == p->buf[2]);
 }
 
 /* The length of the run at in[0..n) that rp_octet would take as text, octet by octet, with
@@ -246,6 +247,16 @@ int smtpe__reply_feed(smtpe__reply_parser *p, const uint8_t *in, size_t n, size_
             i += k;
             if (i == n)
                 break;
+            if (n - i >= 2 && in[i] == '\r' && in[i + 1] == '\n' &&
+                p->max_total - p->total >= 2) {
+                /* the line's CRLF, as rp_octet would take it in two steps (len >= 4 here) */
+                p->total += 2;
+                p->lines++;
+                r = p->buf[3] == ' ' ? SMTPE__RP_DONE : SMTPE__RP_LINE;
+                p->state = r == SMTPE__RP_DONE ? RP_REPLY_OUT : RP_LINE_OUT;
+                *used = i + 2;
+                return r;
+            }
         }
         r = rp_octet(p, in[i]);
         if (r == SMTPE__RP_MORE)
