@@ -14,8 +14,9 @@
  * unsolicited reply, a closed connection, passing --timeout-ms) is a failed session. With
  * --pipelining the engine pipelines MAIL, RCPT... and DATA in one write when the EHLO reply
  * advertises PIPELINING (cfg.pipelining); without it, one command per reply. Content goes by
- * DATA (cfg.chunking 0), as in the study; the engine's 4 KiB output ring hands a message out
- * in pieces, which go with MSG_MORE on a TCP_NODELAY socket (see flush). --timeout-ms is this
+ * DATA (cfg.chunking 0), as in the study; the engine's output ring holds a whole message, so
+ * that each write of a session is one send(2) as in a hand-written client (larger messages go
+ * in pieces, with MSG_MORE on a TCP_NODELAY socket: see build_client, flush). --timeout-ms is this
  * tool's own deadline for a whole session (the engine's per-command timeouts are off: its
  * smtpe_client_expiry is never armed). --sources N binds each connection to
  * one of 127.0.0.1 .. 127.0.0.N, round-robin, so that 10 000 connections to a loopback target
@@ -161,6 +162,9 @@ static int ep = -1;
 
 static smtpe_client_config ccfg;  /* every session's engine config (build_client) */
 static size_t client_mem_size;    /* smtpe_client_memory_size(&ccfg), rounded to max_align_t */
+#define RING_MAX ((size_t)64 * 1024) /* the largest output ring (octets per session) */
+static size_t ring_size;          /* the engine's output ring (build_client) */
+static int ring_pieces;           /* a message may not fit it: it leaves in pieces (flush) */
 static smtpe_client_txn txn;      /* the one transaction every session submits (read-only) */
 static smtpe_client_rcpt *rcpts;  /* its --rcpts forward-paths, user1..userN@example.com */
 static char *body;                /* without --unique: the message every session sends */
@@ -422,14 +426,24 @@ static void build_messages(void)
 }
 
 /* The engine config of every session (sized for the job: one transaction of --rcpts
- * recipients, replies of smtpe-server's size, a small output ring) and the one transaction. */
+ * recipients, replies of smtpe-server's size, an output ring that holds the dot-stuffed message
+ * when it can) and the one transaction. */
 static void build_client(void)
 {
+    /* the message on the wire: at most one doubled dot per line of at least 3 octets (a line
+     * "." CRLF), the end of data, and room for a pipelined group of commands beside it */
+    size_t longest = cfg.unique ? (size_t)131072 + 49152 + (size_t)cfg.body_size * 3 / 2 + 256
+                                : body_len;
+    size_t wire = longest + longest / 3 + 1024;
+    ring_size = wire < 4096 ? 4096 : wire < RING_MAX ? wire : RING_MAX;
+    ring_pieces = wire > ring_size;
     smtpe_client_config_init(&ccfg);
     ccfg.helo_name = "loadgen.example.org";
     ccfg.chunking = 0; /* DATA, as in the Ruby study */
     ccfg.pipelining = cfg.pipelining;
-    ccfg.output_buffer_size = 4096;
+    ccfg.output_buffer_size = ring_size;
+    if (ccfg.chunk_size > ring_size - 64) /* unused (DATA), but valid */
+        ccfg.chunk_size = ring_size - 64;
     ccfg.max_reply_line = 1024;
     ccfg.max_reply_size = 8192;
     ccfg.max_unanswered = 4096;
@@ -548,12 +562,14 @@ static void finish(struct session *s, int ok, const char *why, const char *detai
 }
 
 /* Sends what the engine queued: 1 when all of it is out, 0 when send(2) said EAGAIN (EPOLLOUT
- * resumes), -1 after failing the session. The engine's output ring (4 KiB) is smaller than a
- * message, which so leaves in several send(2) calls where one write of it would do: with
- * Nagle's algorithm each piece after the first would wait for the server's delayed ACK
- * (40 ms on Linux) of the one before, so the socket has TCP_NODELAY, and the pieces go with
- * MSG_MORE while content is still to come, so that a message leaves in as few segments as if
- * written at once, the piece with the final dot pushing them out. */
+ * resumes), -1 after failing the session. Each write follows a reply, which acknowledged
+ * everything sent before, so Nagle's algorithm never holds one back. A message larger than
+ * the output ring (ring_pieces: --unique, or --body-size over about 48 KiB) leaves in several
+ * send(2) calls where one write of it would do: there each piece after the first would wait
+ * for the server's delayed ACK (40 ms on Linux) of the one before, so such sockets have
+ * TCP_NODELAY, and the pieces go with MSG_MORE while content is still to come, so that a
+ * message leaves in as few segments as if written at once, the piece with the final dot
+ * pushing them out. */
 static int flush(struct session *s)
 {
     for (;;) {
@@ -741,8 +757,9 @@ static void start_session(void)
         return;
     }
     s->fd = fd;
-    int one = 1; /* see flush */
-    (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    int one = 1;
+    if (ring_pieces) /* see flush */
+        (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     if (cfg.sources > 0) {
         struct sockaddr_in src;
         memset(&src, 0, sizeof src);
