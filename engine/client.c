@@ -77,7 +77,7 @@ enum {
 };
 
 /* The next setup command to queue (when output room allows). */
-enum { NEXT_NONE, NEXT_EHLO, NEXT_HELO, NEXT_STARTTLS, NEXT_XCLIENT, NEXT_AUTH, NEXT_AUTH_LINE };
+enum { NEXT_NONE, NEXT_EHLO, NEXT_HELO, NEXT_STARTTLS, NEXT_XCLIENT, NEXT_AUTH };
 
 /* Where an AUTH exchange stands. */
 enum { SA_IDLE, SA_CMD, SA_LOGIN_USER, SA_LOGIN_PASS, SA_CREDS, SA_ERROR,
@@ -142,7 +142,6 @@ struct smtpe_client {
     size_t auth_chal;    /* where the decoded challenge starts in line[] */
     size_t auth_chal_len;
     int auth_step_ready; /* an AUTH_STEP event is due once the output is out */
-    size_t auth_ir_len;  /* the initial response's base64 length (0: none fits) */
 
     /* XCLIENT: the next attribute to send */
     size_t xclient_at;
@@ -161,8 +160,8 @@ struct smtpe_client {
     int rset_sent;
     int need_rset;
     size_t xforward_at;
-    int mail_sent, mail_replied, mail_ok;
-    size_t rcpt_sent, rcpt_replied, n_accepted, n_decided;
+    int mail_sent, mail_ok;
+    size_t rcpt_sent, rcpt_replied, n_accepted;
     int data_sent;
     int content;         /* CT_* */
     int content_event;   /* CONTENT given */
@@ -522,7 +521,6 @@ static int run_next(smtpe_client *c, outcome_run *r, smtpe_client_event *ev)
         if (bit_get(c->decided, i) || (r->accepted_only && !bit_get(c->accepted, i)))
             continue;
         bit_set(c->decided, i);
-        c->n_decided++;
         r->at++;
         memset(ev, 0, sizeof *ev);
         ev->type = SMTPE_CEV_OUTCOME;
@@ -556,8 +554,8 @@ static void txn_clear(smtpe_client *c)
 {
     c->txn = NULL;
     c->tx_active = c->tx_pending = c->tx_failed = c->tx_utf8 = c->tx_bdat = 0;
-    c->mail_sent = c->mail_replied = c->mail_ok = 0;
-    c->rcpt_sent = c->rcpt_replied = c->n_accepted = c->n_decided = 0;
+    c->mail_sent = c->mail_ok = 0;
+    c->rcpt_sent = c->rcpt_replied = c->n_accepted = 0;
     c->data_sent = c->content = c->content_event = c->bdat_out = c->end_queued = 0;
     c->end_at = 0;
     c->end_replies = 0;
@@ -942,15 +940,31 @@ static int auth_wanted(const smtpe_client *c)
     return c->cfg.auth_mechanism != NULL && !c->authenticated;
 }
 
-/* 1 if the space-separated list holds name (without regard to case). */
-static int list_has(smtpe_span list, const char *name)
+/* 1 if a[0..n) and b[0..n) are the same octets but for the case of ASCII letters. */
+static int same_ci(const uint8_t *a, const uint8_t *b, size_t n)
 {
-    size_t n = strlen(name), i = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint8_t x = a[i], y = b[i];
+        if (x >= 'A' && x <= 'Z')
+            x = (uint8_t)(x | 0x20);
+        if (y >= 'A' && y <= 'Z')
+            y = (uint8_t)(y | 0x20);
+        if (x != y)
+            return 0;
+    }
+    return 1;
+}
+
+/* 1 if the space-separated list (the span of a capability line) holds the word name (a
+ * non-empty span), without regard to case. */
+static int list_has(smtpe_span list, smtpe_span name)
+{
+    size_t i = 0;
     while (i < list.len) {
         size_t j = i;
         while (j < list.len && list.ptr[j] != ' ')
             j++;
-        if (j - i == n && smtpe__has_prefix_ci(list.ptr + i, n, name))
+        if (j - i == name.len && same_ci(list.ptr + i, name.ptr, name.len))
             return 1;
         i = j + 1;
     }
@@ -1293,16 +1307,6 @@ static void setup_send(smtpe_client *c)
 
 /* ---- XCLIENT (Postfix XCLIENT_README) ---- */
 
-static int name_listed(smtpe_span list, smtpe_span name)
-{
-    char n[40];
-    if (name.len >= sizeof n)
-        return 0;
-    memcpy(n, name.ptr, name.len);
-    n[name.len] = '\0';
-    return list_has(list, n);
-}
-
 /* Writes "<verb> NAME=xtext ..." CRLF into line[0..LINE_MAX_CMD) with the attributes from
  * attrs[*at] on that the server's list names (xtext, RFC 3461 §4), as many as fit in one line
  * of 512 octets (one that cannot fit even alone is left out); moves *at past them. Returns the
@@ -1317,7 +1321,7 @@ static size_t attr_line(const char *verb, const smtpe_param *attrs, size_t count
     for (; i < count; i++) {
         const smtpe_param *a = &attrs[i];
         size_t mark = w.len;
-        if (!name_listed(listed, a->keyword))
+        if (!list_has(listed, a->keyword))
             continue;
         w_put(&w, " ", 1);
         w_put(&w, a->keyword.ptr, a->keyword.len);
@@ -1961,7 +1965,6 @@ static void on_starttls(smtpe_client *c, unsigned code, smtpe_span text)
 
 static void on_mail(smtpe_client *c, unsigned code, smtpe_span enh, smtpe_span text)
 {
-    c->mail_replied = 1;
     if (code / 100 == 2) {
         c->mail_ok = 1;
         return;

@@ -1118,9 +1118,9 @@ typedef struct smtpe_client smtpe_client;
 
 /* Octets of memory one client session needs for cfg, a fixed size: S + max_reply_line +
  * output_buffer_size + 12 * (max_unanswered / 6 + 8) + 2 * ceil(max_recipients / 8), rounded
- * to max_align_t, with S the session struct (about 3.5 KiB with its copy of the config, the
+ * to max_align_t, with S the session struct (about 3 KiB with its copy of the config, the
  * capability lines and the event queue): the reply line buffer, the output ring, the queue of
- * commands awaiting replies and two bits per recipient. With the defaults (on LP64): 30000
+ * commands awaiting replies and two bits per recipient. With the defaults (on LP64): 29984
  * octets. Returns 0 if cfg is invalid or its version unknown. */
 SMTPE_API size_t smtpe_client_memory_size_versioned(int config_version,
                                                     const smtpe_client_config *cfg);
