@@ -6,7 +6,8 @@
  * Shape: the whole message is read into memory and scanned first (smtpe_content_scan), so the
  * engine can refuse what it cannot send before MAIL. Then one connection (net_connect; for
  * --tls implicit the TLS handshake at once, RFC 8314) and one non-blocking poll() loop: octets
- * read go to smtpe_client_recv, events are taken, the content is given while the engine wants
+ * read go to smtpe_client_recv (a line a call, so that a reply ending the session can be
+ * quoted as received), events are taken, the content is given while the engine wants
  * it (SMTPE_WANT_CONTENT), its output is written (send_buf / send_ack), its timer comes from
  * smtpe_client_expiry on the monotonic clock, and an EOF or a read or write error is
  * smtpe_client_lost. STARTTLS (RFC 3207): on SMTPE_CEV_STARTTLS the output is flushed, any
@@ -72,8 +73,9 @@ static const char usage_text[] =
     "                            (default " DEFAULT_SERVER ")\n"
     "  --lmtp                    speak LMTP (RFC 2033)\n"
     "  --helo NAME               EHLO/LHLO name (default: this host's name)\n"
-    "  --from ADDRESS            reverse-path; \"\" is the null reverse-path <>\n"
-    "  --to ADDRESS              forward-path, repeatable, in order\n"
+    "  --from ADDRESS            reverse-path; \"\" or \"<>\" is the null reverse-path\n"
+    "  --to ADDRESS              forward-path, repeatable, in order; ADDRESS may be\n"
+    "                            written in angle brackets: <user@example.com>\n"
     "  --tls MODE                none | opportunistic (default: STARTTLS when offered) |\n"
     "                            required (STARTTLS or nothing is sent) | implicit (TLS\n"
     "                            from connect, RFC 8314); the certificate is checked in\n"
@@ -131,8 +133,11 @@ struct send_options {
     struct net_target target;
     int lmtp;
     const char *helo;          /* NULL: this host's name */
+    /* The paths as the engine takes them (path_argument: without one enclosing pair of angle
+     * brackets; then heap copies) and as given (argv, for the messages). */
     const char *from;          /* NULL until --from */
-    const char **to;
+    const char *from_arg;
+    const char **to, **to_arg;
     size_t to_count;
     smtpe_tls_policy tls;
     const char *tls_ca;
@@ -190,6 +195,12 @@ struct send_run {
     struct tls_conn *tls;      /* non-NULL once a handshake started */
     uint8_t in[IN_CAP];        /* read and not yet consumed by the engine: in[in_off..+in_len) */
     size_t in_off, in_len;
+    /* The server's lines as fed, for the diagnostic of a reply that ends the session (its
+     * event gives the code and the text after the enhanced code): the line being fed
+     * (line[0..line_len), longer ones cut) and the last complete one, CRLF off. */
+    uint8_t line[TEXT_MAX];
+    size_t line_len;
+    char last_line[TEXT_MAX];
     short read_on, write_on;   /* what poll() waits for to read / to write (TLS may swap) */
     int eof;                   /* nothing more can be read (EOF, error, failed handshake) */
     int write_dead;            /* nothing more may be written */
@@ -385,6 +396,26 @@ static int usage_error(const char *fmt, const char *arg)
     return EXIT_USAGE;
 }
 
+/* A --from or --to argument as the engine takes it: one enclosing pair of angle brackets,
+ * the way a path is written in MAIL and RCPT (RFC 5321 §4.1.2: "<a@example.org>", and "<>"
+ * for the null reverse-path), is taken off; anything else is left for the engine to judge.
+ * Returns a itself, or a heap copy without the brackets, or NULL (out of memory). */
+static const char *path_argument(const char *a)
+{
+    size_t n = strlen(a);
+
+    if (n < 2 || a[0] != '<' || a[n - 1] != '>')
+        return a;
+    return strndup(a + 1, n - 2);
+}
+
+/* Frees what path_argument made of arg (nothing if it returned arg). */
+static void free_path(const char *path, const char *arg)
+{
+    if (path != arg)
+        free((char *)path);
+}
+
 /* The option c with its argument a into *o. Returns 0, or EXIT_USAGE (message printed). */
 static int parse_value(struct send_options *o, int c, const char *a)
 {
@@ -481,11 +512,17 @@ static int parse_option(struct send_options *o, int c, const char *a)
     case OPT_HELO:
         o->helo = a;
         return 0;
-    case OPT_FROM:
-        o->from = a;
+    case OPT_FROM: /* the last one counts */
+        free_path(o->from, o->from_arg);
+        o->from_arg = a;
+        if ((o->from = path_argument(a)) == NULL)
+            return usage_error("out of memory%s", "");
         return 0;
     case OPT_TO:
-        o->to[o->to_count++] = a;
+        o->to_arg[o->to_count] = a;
+        if ((o->to[o->to_count] = path_argument(a)) == NULL)
+            return usage_error("out of memory%s", "");
+        o->to_count++;
         return 0;
     case OPT_TLS_CA:
         o->tls_ca = a;
@@ -538,7 +575,8 @@ static int check_arguments(int argc, char **argv)
 #define PARSE_RUN 0
 #define PARSE_HELP 1
 
-/* Parses argv into *o (o->to allocated here). Returns PARSE_RUN, PARSE_HELP or EXIT_USAGE. */
+/* Parses argv into *o (o->to, o->to_arg and the paths allocated here: free_options). Returns
+ * PARSE_RUN, PARSE_HELP or EXIT_USAGE. */
 static int parse_args(int argc, char **argv, struct send_options *o)
 {
     char err[256];
@@ -552,7 +590,8 @@ static int parse_args(int argc, char **argv, struct send_options *o)
     o->line_ending = SMTPE_LINE_ENDING_NORMALISE;
     o->messages = 1;
     o->to = calloc((size_t)argc, sizeof *o->to);
-    if (o->to == NULL)
+    o->to_arg = calloc((size_t)argc, sizeof *o->to_arg);
+    if (o->to == NULL || o->to_arg == NULL)
         return usage_error("out of memory%s", "");
     opterr = 0;
     while ((c = getopt_long(argc, argv, "", long_options, NULL)) != -1) {
@@ -571,7 +610,8 @@ static int parse_args(int argc, char **argv, struct send_options *o)
     if (optind < argc)
         return usage_error("more than one FILE ('%s')", argv[optind]);
     if (o->from == NULL)
-        return usage_error("--from is required (\"\" for the null reverse-path)%s", "");
+        return usage_error("--from is required (\"\" or \"<>\" for the null reverse-path)%s",
+                           "");
     if (o->to_count == 0)
         return usage_error("at least one --to is required%s", "");
     if (o->to_count > MAX_RECIPIENTS)
@@ -815,13 +855,14 @@ static int blame_txn(const struct send_options *o, const smtpe_client_config *cf
     smtpe_client_txn one = {.reverse_path = o->from, .rcpts = &r, .rcpt_count = 1};
 
     if (try_submit(cfg, &one) < 0)
-        return usage_error("bad --from '%s': not a reverse-path the engine can send", o->from);
+        return usage_error("bad --from '%s': not a reverse-path the engine can send",
+                           o->from_arg);
     one.reverse_path = "";
     for (size_t i = 0; i < o->to_count; i++) {
         r.forward_path = o->to[i];
         if (try_submit(cfg, &one) < 0)
             return usage_error("bad --to '%s': not a forward-path the engine can send",
-                               o->to[i]);
+                               o->to_arg[i]);
     }
     r.forward_path = "postmaster";
     r.notify = o->notify;
@@ -1175,6 +1216,15 @@ static const char *close_reason(int reason)
     }
 }
 
+/* Whether line is a reply line with code: "421", "421 ...", "421-..." (RFC 5321 §4.2). */
+static int reply_line_is(const char *line, unsigned code)
+{
+    char digits[4];
+
+    snprintf(digits, sizeof digits, "%03u", code % 1000u);
+    return strncmp(line, digits, 3) == 0 && (line[3] == '\0' || line[3] == ' ' || line[3] == '-');
+}
+
 /* SMTPE_CEV_CLOSED: the diagnostic (none after a clean QUIT), and the text of the lines the
  * session will never decide. */
 static void on_closed(struct send_run *r, const smtpe_client_closed *cl)
@@ -1191,6 +1241,8 @@ static void on_closed(struct send_run *r, const smtpe_client_closed *cl)
     if (cl->reason == SMTPE_CLOSE_LOST)
         diag("session ended: connection lost: %s",
              r->io_error[0] ? r->io_error : "the server closed the connection");
+    else if (cl->code != 0 && reply_line_is(r->last_line, cl->code))
+        diag("session ended: %s: %s", why, r->last_line); /* code, enhanced code, text */
     else if (cl->code != 0)
         diag("session ended: %s: %03u %s", why, cl->code % 1000u, text);
     else if (text[0] != '\0')
@@ -1254,16 +1306,39 @@ static int give_content(struct send_run *r, const uint8_t *msg, size_t len)
     return n > 0;
 }
 
-/* Feeds what was read. Returns 1 on progress. */
+/* Notes the octets p[0..n) the engine consumed: r->last_line becomes each line as it ends. */
+static void note_lines(struct send_run *r, const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] == '\n') {
+            smtpe_span l = {r->line, r->line_len};
+
+            if (l.len > 0 && r->line[l.len - 1] == '\r')
+                l.len--;
+            copy_line(r->last_line, sizeof r->last_line, l);
+            r->line_len = 0;
+        } else if (r->line_len < sizeof r->line) {
+            r->line[r->line_len++] = p[i];
+        }
+    }
+}
+
+/* Feeds what was read, at most one line a call: a reply that ends the session is then the
+ * last line fed when its SMTPE_CEV_CLOSED is taken (the engine drops what follows it in the
+ * same call), and on_closed shows it as received. Returns 1 on progress. */
 static int feed(struct send_run *r)
 {
-    smtpe_ssize n = smtpe_client_recv(r->c, r->in + r->in_off, r->in_len, now_ms());
+    const uint8_t *p = r->in + r->in_off;
+    const uint8_t *lf = memchr(p, '\n', r->in_len);
+    size_t len = lf != NULL ? (size_t)(lf - p) + 1 : r->in_len;
+    smtpe_ssize n = smtpe_client_recv(r->c, p, len, now_ms());
 
     if (n < 0) {
         fail(r, "smtpe_client_recv", n);
         r->in_len = 0;
         return 1;
     }
+    note_lines(r, p, (size_t)n);
     r->in_off += (size_t)n;
     r->in_len -= (size_t)n;
     return n > 0;
@@ -1448,6 +1523,16 @@ static int setup_tls(struct send_options *o, struct send_run *r)
     return 0;
 }
 
+/* Frees what parse_args allocated for the paths. */
+static void free_options(struct send_options *o)
+{
+    free_path(o->from, o->from_arg);
+    for (size_t i = 0; o->to != NULL && i < o->to_count; i++)
+        free_path(o->to[i], o->to_arg[i]);
+    free(o->to);
+    free(o->to_arg);
+}
+
 int main(int argc, char **argv)
 {
     struct send_options o;
@@ -1505,7 +1590,7 @@ out:
     free(r);
     free(rcpts);
     free(msg);
-    free(o.to);
+    free_options(&o);
     free(o.auth_password);
     free(o.auth_token);
     return rc;

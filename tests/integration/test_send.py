@@ -161,6 +161,40 @@ class TestDelivery(Base):
         r = self.send("--from", "", "--to", "u@example.com", path, msg=b"", server=srv, rc=0)
         self.assert_stored(srv, self.qids(r)[0], self.MSG, sender="")
 
+    def test_paths_in_angle_brackets(self):
+        # one enclosing pair of angle brackets is taken off, as MAIL and RCPT write a path;
+        # "<>" is the null reverse-path like ""; RECIPIENT is printed without them
+        srv = self.start()
+        r = self.send("--from", "<a@example.org>", "--to", "<u@example.com>", "--to",
+                      "v@example.com", msg=self.MSG, server=srv, rc=0)
+        self.assert_lines(r, [(1, "u@example.com", "delivered", 250),
+                              (1, "v@example.com", "delivered", 250)])
+        self.assertEqual(r.err, "")
+        self.assert_stored(srv, self.qids(r)[0], self.MSG)
+        r = self.send("--from", "<>", "--to", "<postmaster>", msg=self.MSG, server=srv, rc=0)
+        self.assert_lines(r, [(1, "postmaster", "delivered", 250)])
+        self.assert_stored(srv, self.qids(r)[0], self.MSG, sender="")
+        log = "\n".join(self.message_log(srv, 2))
+        self.assertIn("from=<> nrcpt=1", log)
+        self.assertIn("from=<a@example.org> nrcpt=2", log)
+        # only one pair: what is left must be a path the engine can send, and the message
+        # quotes the argument as given
+        for args, text in (
+                (["--from", "<<a@example.org>>", "--to", "u@example.com"],
+                 "bad --from '<<a@example.org>>'"),
+                (["--from", "a@example.org", "--to", "<<u@example.com>>"],
+                 "bad --to '<<u@example.com>>'"),
+                (["--from", "a@example.org", "--to", "<>"], "bad --to '<>'"),
+                (["--from", "<a@example.org", "--to", "u@example.com"],
+                 "bad --from '<a@example.org'"),
+                (["--from", "a@example.org>", "--to", "u@example.com"],
+                 "bad --from 'a@example.org>'")):
+            with self.subTest(args=args):
+                r = self.send(*args, server=srv, rc=64)
+                self.assertEqual(r.lines, [], r)
+                self.assertIn(text, r.err)
+        self.assertEqual(len(srv.messages()), 2)
+
     def test_8bit_content_goes_8bitmime(self):
         srv = self.start()
         msg = "Subject: caf\u00e9\r\n\r\n\u00fcber\r\n".encode("utf-8")
@@ -609,6 +643,39 @@ class TestExitStatus(Base):
                               (3, "v@example.com", "temporary", 0)])
         self.assertTrue(all(l[5].startswith("not attempted") for l in r.lines[4:]), r)
         self.assertIn("421 shutting down", r.err)
+
+    def test_421_diagnostic_as_received(self):
+        # the server offers ENHANCEDSTATUSCODES, so the engine splits "4.3.2" from the text
+        # of the 421; standard error still shows the reply's last line as it came: code,
+        # enhanced code, text, and nothing of what followed it in the same segment
+        caps = b"250-peer\r\n250-PIPELINING\r\n250 ENHANCEDSTATUSCODES\r\n"
+        cases = [  # (what answers MAIL, the recipient's ENHANCED and TEXT)
+            (b"421 4.3.2 going down\r\n250 2.0.0 not a reply to anything\r\n",
+             "4.3.2", "going down"),
+            (b"421-4.3.2 first line\r\n421 4.3.2 going down\r\n", "4.3.2", "going down"),
+            (b"421 going down, no enhanced code\r\n", "-", "going down, no enhanced code"),
+        ]
+        for reply, enhanced, text in cases:
+            def script(conn, reply=reply):
+                conn.sendall(b"220 peer ESMTP\r\n")
+                _, buf = lines_until(conn, b"", CRLF)  # EHLO
+                conn.sendall(caps)
+                lines_until(conn, buf, b"MAIL FROM:")
+                conn.sendall(reply)
+                conn.shutdown(socket.SHUT_RDWR)
+            with self.subTest(reply=reply):
+                peer = SilentPeer(script)
+                self.addCleanup(peer.close)
+                r = self.send("--tls", "none", "--from", "a@example.org", "--to",
+                              "u@example.com", server="127.0.0.1:%d" % peer.port, rc=75)
+                self.assert_lines(r, [(1, "u@example.com", "temporary", 421)])
+                self.assertEqual(r.lines[0][4:], (enhanced, text), r)
+                last = reply.rstrip(CRLF).split(CRLF)[-1].decode()
+                if b"not a reply" in reply:
+                    last = "421 4.3.2 going down"
+                self.assertIn("session ended: the server closed the session: %s\n" % last,
+                              r.err)
+                self.assertNotIn("not a reply", r.err)
 
     def test_lost_after_the_content_is_unknown(self):
         def script(conn):
