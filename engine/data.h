@@ -69,9 +69,9 @@ typedef struct smtpe__stuffer {
     int pending_cr;       /* a CR was consumed and not yet written (BINARY: the last octet was
                              a CR, written; for seen) */
     int ended_crlf;       /* the content so far ends with a line break */
-    int vector;           /* the scan may take sixteen octets at a time (set by
-                             smtpe__stuff_start where the build has it; a test may clear it
-                             for the scalar reference, which gives the same octets) */
+    int vector;           /* the scan: 0 scalar, 1 SSE2, 2 AVX2 (set by smtpe__stuff_start
+                             to the best the build and the CPU have; a test may lower it to
+                             compare with the scalar reference: all give the same octets) */
 } smtpe__stuffer;
 
 #define SMTPE__STUFF_DATA 0   /* DATA: dot-stuffing and line-end policy */

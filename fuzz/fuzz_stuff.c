@@ -10,14 +10,15 @@
  * (v < 160: v % 8, octets around the boundaries; else (v - 160) * 40; cycling; after a call
  * that neither consumed nor wrote, at least 4).
  *
- * The content is encoded five times: whole into one large buffer, one octet at a time with
- * cap 2, and in the pieces and caps the control octets give; whole and in the pieces again
- * with the scalar scan (where the build has a vector one). Oracles:
+ * The content is encoded seven times: whole into one large buffer, one octet at a time with
+ * cap 2, and in the pieces and caps the control octets give, with the scan
+ * smtpe__stuff_start chose (AVX2 where the CPU has it); whole and in the pieces again with the
+ * scalar scan and with the SSE2 one (each where the build has a better one). Oracles:
  *   - each call consumes at most what it was given and writes at most cap octets (canaries
  *     after the cap); with cap >= 4 an unrefused call consumes; the stuffer's in_octets and
  *     out_octets are what the calls returned; smtpe__stuff_finish writes at most 5;
  *   - the runs give the same wire octets, consumed count, seen and refused (split and
- *     cap invariance), the scalar scan gives what the vector one does, and they are what
+ *     cap invariance), every scan gives what the others do, and they are what
  *     a reference encoder (below: it looks ahead in the whole content where the engine
  *     holds a CR) gives;
  *   - BINARY: the wire is the content, nothing refused;
@@ -51,7 +52,8 @@ typedef struct plan {
     const uint8_t *ctl; /* control octets (may be none) */
     size_t nctl;
     int bytewise;       /* one octet at a time, cap 2 */
-    int scalar;         /* the scalar scan (st.vector cleared), the reference of the vector one */
+    int variant;        /* -1: the scan smtpe__stuff_start chose (the best the build and the CPU
+                           have); else st.vector lowered to it (0 scalar, 1 SSE2) when lower */
 } plan;
 
 static size_t piece_len(const plan *pl, size_t i)
@@ -80,8 +82,8 @@ static void encode(int mode, smtpe_line_ending_policy pol, unsigned mask, const 
     smtpe__stuffer st;
     memset(&st, 0xa5, sizeof st);
     smtpe__stuff_start(&st, mode, pol, mask);
-    if (pl->scalar)
-        st.vector = 0;
+    if (pl->variant >= 0 && pl->variant < st.vector)
+        st.vector = pl->variant;
     size_t off = 0, piece = 0, call = 0, stalls = 0;
     uint64_t out_total = 0;
     while (off < n && !st.refused) {
@@ -256,13 +258,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const uint8_t *ctl = data + 2, *p = data + 2 + nctl;
     size_t n = size - 2 - nctl;
 
-    plan whole = {NULL, 0, 0, 0}, bytewise = {NULL, 0, 1, 0}, pieces = {ctl, nctl, 0, 0};
+    plan whole = {NULL, 0, 0, -1}, bytewise = {NULL, 0, 1, -1}, pieces = {ctl, nctl, 0, -1};
+    plan whole0 = {NULL, 0, 0, 0}, pieces0 = {ctl, nctl, 0, 0};
     plan whole1 = {NULL, 0, 0, 1}, pieces1 = {ctl, nctl, 0, 1};
     run w = {{0}, 0, 0, 0}, b = {{0}, 0, 0, 0}, s = {{0}, 0, 0, 0}, ref = {{0}, 0, 0, 0};
-    run w1 = {{0}, 0, 0, 0}, s1 = {{0}, 0, 0, 0};
+    run w0 = {{0}, 0, 0, 0}, s0 = {{0}, 0, 0, 0}, w1 = {{0}, 0, 0, 0}, s1 = {{0}, 0, 0, 0};
     encode(mode, pol, mask, p, n, &whole, &w);
     encode(mode, pol, mask, p, n, &bytewise, &b);
     encode(mode, pol, mask, p, n, &pieces, &s);
+    encode(mode, pol, mask, p, n, &whole0, &w0);
+    encode(mode, pol, mask, p, n, &pieces0, &s0);
     encode(mode, pol, mask, p, n, &whole1, &w1);
     encode(mode, pol, mask, p, n, &pieces1, &s1);
     reference(mode, pol, mask, p, n, &ref);
@@ -282,8 +287,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     same_run(&ref, &w, "reference vs whole");
     same_run(&w, &b, "whole vs byte-at-a-time");
     same_run(&w, &s, "whole vs pieces");
-    same_run(&w, &w1, "whole: vector vs scalar scan");
-    same_run(&s, &s1, "pieces: vector vs scalar scan");
+    same_run(&w, &w0, "whole: chosen vs scalar scan");
+    same_run(&s, &s0, "pieces: chosen vs scalar scan");
+    same_run(&w, &w1, "whole: chosen vs SSE2 scan");
+    same_run(&s, &s1, "pieces: chosen vs SSE2 scan");
     if (!w.refused) {
         /* the content normalised: bare CR and LF as CRLF, NUL kept, the final CRLF */
         run nr = {{0}, 0, 0, 0};
@@ -331,6 +338,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fz_free(&w.out);
     fz_free(&b.out);
     fz_free(&s.out);
+    fz_free(&w0.out);
+    fz_free(&s0.out);
     fz_free(&w1.out);
     fz_free(&s1.out);
     fz_free(&ref.out);

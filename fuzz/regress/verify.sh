@@ -53,6 +53,7 @@ fuzz_proxy/v2-local-ignores-family-octet engine 4c68e85^ a v2 LOCAL header was n
 fuzz_sasl/base64-nonzero-bits-under-padding-refused patch guard-base64-pad-bits-unchecked decode disagrees with the reference
 fuzz_bdat/word-scan-stops-at-each-bare-octet patch guard-word-scan-skips-an-octet split invariance
 fuzz_stuff/normalise-dot-after-bare-lf-doubled patch guard-stuff-bare-lf-starts-no-line the end of data is not exactly the final .CRLF
+fuzz_stuff/long-line-refused-8bit-after-not-seen patch 89068a9-long-line-refused-counts-8bit-after seen differs
 fuzz_client/chunk-size-below-4-bare-cr-consumes-nothing engine b40b1cf^ want() said CONTENT but smtpe_client_content consumed nothing
 fuzz_client/memory-is-the-documented-formula-1-recipient engine f310bee^ smtpe_client_memory_size is not the formula documented in smtpe.h
 fuzz_client/helo-name-of-255-octets-valid engine a3ba71c^ smtpe_client_memory_size refused a config smtpe.h calls valid
