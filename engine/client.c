@@ -262,6 +262,11 @@ static int helo_name_valid(const char *name)
     int r;
     if (n == 0 || n > SMTPE__MAX_DOMAIN)
         return 0;
+    for (size_t i = 0; i < n; i++) /* ASCII: EHLO comes before the server's SMTPUTF8, and
+                                      RFC 5321's Domain is ASCII (a U-label goes as its
+                                      A-label, RFC 5890) */
+        if ((uint8_t)name[i] >= 0x80)
+            return 0;
     memcpy(buf, "<a@", 3);
     memcpy(buf + 3, name, n);
     buf[3 + n] = '>';
@@ -605,6 +610,17 @@ static void out_drop_unhanded(smtpe_client *c)
     c->written = c->handed;
 }
 
+/* The connection is gone (or as good as: the server closed its side, and may still read):
+ * nothing more goes, so the host is given nothing more to send, and what was written decides
+ * (an end of content not yet written must not be written after its recipients were reported
+ * temporary: a half-closed server would still read it). */
+static void out_drop_unacked(smtpe_client *c)
+{
+    c->a_end = c->a_off;
+    c->b_end = 0;
+    c->written = c->handed = c->acked;
+}
+
 static void close_session(smtpe_client *c, int reason, unsigned code, smtpe_span text,
                           int outcome)
 {
@@ -617,7 +633,9 @@ static void close_session(smtpe_client *c, int reason, unsigned code, smtpe_span
     /* nothing the host has not been handed goes any more (the commands of a session given
      * up, an end of content: a recipient reported temporary must not be delivered by what
      * the host still sends); quit_and_close queues its QUIT after this */
-    if (!gone)
+    if (gone)
+        out_drop_unacked(c);
+    else
         out_drop_unhanded(c);
     /* the end of the content went out if the host wrote it (the connection is gone) or may
      * still write it (it was handed out) */
@@ -638,15 +656,28 @@ static void protocol_error(smtpe_client *c, const char *why)
     close_session(c, SMTPE_CLOSE_PROTOCOL_ERROR, 0, span_of(why), 0);
 }
 
+/* 1 if a DATA the host was handed awaits its reply: the server may yet answer it 354 and
+ * read whatever follows as content. */
+static int data_outstanding(const smtpe_client *c)
+{
+    for (size_t k = 0; k < c->sent_count; k++) {
+        const sent_cmd *e = &c->sent[(c->sent_head + k) % c->sent_cap];
+        if (e->kind == K_DATA && (int32_t)(e->end - (uint32_t)c->handed) <= 0)
+            return 1;
+    }
+    return 0;
+}
+
 /* Ends the session after a refusal that leaves the connection in sync: QUIT is queued (and
- * not waited for) unless content is under way. */
+ * not waited for) unless content is under way or may be (a pipelined DATA unanswered: a QUIT
+ * after it could be read as a line of content). */
 static void quit_and_close(smtpe_client *c, int reason, unsigned code, smtpe_span text,
                            int outcome)
 {
     size_t room;
     int to_b;
     uint8_t *p;
-    int in_content = c->content != CT_NONE || c->end_queued;
+    int in_content = c->content != CT_NONE || c->end_queued || data_outstanding(c);
     if (c->phase == PH_CLOSED)
         return;
     close_session(c, reason, code, text, outcome);

@@ -835,8 +835,9 @@ typedef enum smtpe_tls_policy {
 
 typedef struct smtpe_client_config {
     /* The EHLO/LHLO (or HELO) argument: a domain or an address-literal ("[192.0.2.1]"),
-     * NUL-terminated, at most 255 octets, checked like a mailbox's domain. Default
-     * "localhost". */
+     * NUL-terminated, at most 255 octets, ASCII (an internationalised name as its A-label:
+     * the EHLO goes before the server says whether it has SMTPUTF8), checked like a mailbox's
+     * domain. Default "localhost". */
     const char *helo_name;
     /* Speak LMTP (RFC 2033): LHLO, no HELO fallback, and after the content one reply per
      * accepted recipient. Default 0. */
@@ -1200,9 +1201,11 @@ SMTPE_API int smtpe_client_tls_started(smtpe_client *c, uint64_t now_ms);
 SMTPE_API int smtpe_client_quit(smtpe_client *c);
 
 /* The connection is gone (EOF, a reset, a failed TLS handshake). Every recipient not yet
- * decided becomes temporary, or unknown if the end of its content was sent; then
- * SMTPE_CEV_CLOSED (SMTPE_CLOSE_LOST, or SMTPE_CLOSE_QUIT after QUIT was sent). Returns 0 or
- * SMTPE_ERR_STATE (already over). */
+ * decided becomes temporary, or unknown if the end of its content was sent (acknowledged by
+ * smtpe_client_send_ack); then SMTPE_CEV_CLOSED (SMTPE_CLOSE_LOST, or SMTPE_CLOSE_QUIT after
+ * QUIT was sent). Output not yet acknowledged is dropped: smtpe_client_send_buf gives nothing
+ * more, so an end of content reported temporary never reaches a server that closed its side
+ * but still reads. Returns 0 or SMTPE_ERR_STATE (already over). */
 SMTPE_API int smtpe_client_lost(smtpe_client *c);
 
 /* Feeds n octets read from the server. Returns the octets consumed (the engine stops while

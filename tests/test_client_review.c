@@ -1321,6 +1321,12 @@ static void test_lost_after_dot_acked_is_unknown(void **st)
         assert_int_equal(r.n_outcomes[0], 1);
         assert_int_equal(r.n_outcomes[1], 1);
         assert_int_equal(r.closed_reason, SMTPE_CLOSE_LOST);
+        /* FIXED (found by a hostile-server trial): what was not written is dropped, so a
+         * server that half-closed but still reads never gets the end of data of a message
+         * reported temporary (the host would send it, and the caller retry: a duplicate) */
+        assert_true(smtpe_client_send_buf(r.c, &len) != NULL);
+        assert_int_equal(len, 0);
+        assert_false(smtpe_client_want(r.c) & SMTPE_WANT_WRITE);
         raw_free(&r);
     }
 }
@@ -2797,6 +2803,51 @@ static void test_fixed_rset_refused_after_bdat_last_sent(void **st)
     raw_free(&r);
 }
 
+/* FIXED (found by a hostile-server trial): the same with DATA. RSET refused while MAIL, RCPT
+ * and DATA are pipelined behind it: the server may still answer the DATA 354, so a QUIT
+ * would be read as a line of content; the session ends with no QUIT. */
+static void test_fixed_rset_refused_no_quit_behind_pipelined_data(void **st)
+{
+    (void)st;
+    raw r;
+    size_t len;
+    raw_init(&r);
+    raw_ready(&r, "250-mx\r\n250 PIPELINING\r\n", 1);
+    raw_write(&r, SIZE_MAX);
+    raw_feed(&r, "451 4.3.0 later\r\n503 5.5.1 no MAIL\r\n503 5.5.1 no MAIL\r\n");
+    raw_events(&r);
+    assert_int_equal(r.done, 1);
+    memset(r.n_outcomes, 0, sizeof r.n_outcomes);
+    assert_int_equal(smtpe_client_submit(r.c, &r.txn), 0);
+    raw_events(&r);
+    r.out.len = 0;
+    raw_write(&r, SIZE_MAX);
+    ob_put(&r.out, "", 0);
+    assert_string_equal((const char *)r.out.p, "RSET\r\nMAIL FROM:<s@example.com>\r\n"
+                                               "RCPT TO:<a@example.org>\r\nDATA\r\n");
+    raw_feed(&r, "500 5.5.1 RSET?\r\n");
+    raw_events(&r);
+    assert_int_equal(r.n_outcomes[0], 1);
+    assert_int_equal(r.outcomes[0], SMTPE_OUTCOME_TEMPORARY);
+    smtpe_client_send_buf(r.c, &len);
+    assert_int_equal(len, 0); /* no QUIT */
+    raw_free(&r);
+}
+
+/* A helo_name with an octet above 127 is refused: EHLO is ASCII (an A-label instead). */
+static void test_helo_name_ascii_only(void **st)
+{
+    (void)st;
+    smtpe_client_config cfg;
+    smtpe_client *c = NULL;
+    smtpe_client_config_init(&cfg);
+    cfg.helo_name = "b\xc3\xbc" "cher.example";
+    assert_int_equal(smtpe_client_new(&c, &cfg, NULL, 0), SMTPE_ERR_INVALID_ARGUMENT);
+    cfg.helo_name = "xn--bcher-kva.example";
+    assert_int_equal(smtpe_client_new(&c, &cfg, NULL, 0), 0);
+    smtpe_client_free(c);
+}
+
 /* FIXED (b40b1cf), found in review as a bug:
  * the 421 rule of e97559e (RFC 5321 §3.8: a 421 may come at any time, even before the
  * host wrote the command it would answer) leaves out the end of the content: a 421 that
@@ -3467,6 +3518,8 @@ int main(void)
         cmocka_unit_test(test_fixed_second_transaction_done_without_outcomes),
         cmocka_unit_test(test_fixed_second_transaction_bdat_lmtp),
         cmocka_unit_test(test_lost_after_dot_acked_is_unknown),
+        cmocka_unit_test(test_fixed_rset_refused_no_quit_behind_pipelined_data),
+        cmocka_unit_test(test_helo_name_ascii_only),
         cmocka_unit_test(test_lost_after_bdat_last_is_unknown),
         cmocka_unit_test(test_protocol_error_after_dot_is_unknown),
         cmocka_unit_test(test_lmtp_lost_mid_series),
