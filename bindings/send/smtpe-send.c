@@ -974,6 +974,20 @@ static const char *outcome_word(int outcome)
     }
 }
 
+/* Prints a forward-path as the RECIPIENT field: one word, so that the line splits on spaces
+ * whatever the address (a quoted local part may hold spaces: '"x delivered 250"@example.com'
+ * must not read as an outcome); SP, "\\" and octets outside 0x21..0x7E but UTF-8's (above
+ * 127) are written \xHH. */
+static void print_recipient(const char *a)
+{
+    for (const unsigned char *p = (const unsigned char *)a; *p; p++) {
+        if (*p == ' ' || *p == '\\' || *p < 0x21 || *p == 0x7F)
+            printf("\\x%02X", *p);
+        else
+            putchar(*p);
+    }
+}
+
 /* Prints transaction n's lines, in recipient order, and counts them. The current transaction
  * (n == r->txn_no) has its recorded outcomes; a recipient without one, and every recipient of a
  * transaction never submitted, is temporary 000 with r->end_text. */
@@ -985,8 +999,10 @@ static void print_txn(struct send_run *r, unsigned long n)
         const struct rcpt_result *res = n == r->txn_no && r->res[i].set ? &r->res[i] : &none;
         const char *text = res == &none ? r->end_text : res->text;
 
-        printf("%lu %s %s %03u %s %s\n", n, r->o->to[i], outcome_word(res->outcome),
-               res->code % 1000u, res->enhanced[0] ? res->enhanced : "-", text);
+        printf("%lu ", n);
+        print_recipient(r->o->to[i]);
+        printf(" %s %03u %s %s\n", outcome_word(res->outcome), res->code % 1000u,
+               res->enhanced[0] ? res->enhanced : "-", text);
         r->tally.lines++;
         r->tally.delivered += res->outcome == SMTPE_OUTCOME_DELIVERED;
         r->tally.permanent += res->outcome == SMTPE_OUTCOME_PERMANENT;
@@ -1037,8 +1053,8 @@ static void link_read(struct send_run *r)
             r->read_on = n == TLS_WANT_READ ? POLLIN : POLLOUT;
             return;
         }
-        if (n == TLS_CLOSED) {
-            r->eof = 1;
+        if (n == TLS_CLOSED) { /* the server ended its side: nothing more goes either */
+            r->eof = r->write_dead = 1;
             return;
         }
         if (n < 0) {
@@ -1058,7 +1074,9 @@ static void link_read(struct send_run *r)
         if (n <= 0) {
             if (n < 0)
                 lose(r, strerror(errno));
-            r->eof = 1;
+            /* EOF: the server closed its side (it may still read): nothing more is written,
+             * so an end of data the engine reports temporary (smtpe_client_lost) never goes */
+            r->eof = r->write_dead = 1;
             return;
         }
     }
@@ -1360,7 +1378,9 @@ static void step(struct send_run *r, const uint8_t *msg, size_t len)
         }
         if (r->in_len > 0 && !r->closed)
             progress |= fed = feed(r);
-        if (r->content_active && !r->closed &&
+        /* (not once the engine has ended the session: its CLOSED may wait, untaken, behind
+         * input fed after the CONTENT event) */
+        if (r->content_active && !r->closed && !(smtpe_client_want(r->c) & SMTPE_WANT_CLOSE) &&
             (r->content_fresh || (smtpe_client_want(r->c) & SMTPE_WANT_CONTENT)))
             progress |= give_content(r, msg, len);
         /* output goes only once everything already read is fed: a reply that arrived before

@@ -596,6 +596,18 @@ class TestExitStatus(Base):
         self.assertEqual(r.lines[3][4], "4.5.3")
         self.assertEqual(len(srv.messages()), 2)
 
+    def test_recipient_field_is_one_word(self):
+        # a quoted local part may hold spaces; RECIPIENT is written so that no address can
+        # pose as the OUTCOME and CODE fields (found by a hostile-input trial)
+        srv = self.start("--domain", "example.com")
+        spoof = '"x delivered 250 2.0.0 ok"@other.example'
+        r = self.send("--from", "a@example.org", "--to", spoof, "--to", "u@example.com",
+                      server=srv, rc=69)
+        self.assert_lines(r, [(1, r'"x\x20delivered\x20250\x202.0.0\x20ok"@other.example',
+                               "permanent", 550),
+                              (1, "u@example.com", "delivered", 250)])
+        self.assertEqual(len(srv.messages()), 1)
+
     def test_connection_refused(self):
         s = socket.socket()
         s.bind(("127.0.0.1", 0))
