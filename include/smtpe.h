@@ -1118,8 +1118,8 @@ typedef struct smtpe_client_event {
 typedef struct smtpe_client smtpe_client;
 
 /* Octets of memory one client session needs for cfg, a fixed size: S + max_reply_line +
- * output_buffer_size + 12 * (max_unanswered / 6 + 8) + 2 * ceil(max_recipients / 8), rounded
- * to max_align_t, with S the session struct (about 3 KiB with its copy of the config, the
+ * output_buffer_size + 12 * (max_unanswered / 6 + 8) + 2 * ceil(max_recipients / 8), its
+ * parts aligned to max_align_t, with S the session struct (about 3 KiB with its copy of the config, the
  * capability lines and the event queue): the reply line buffer, the output ring, the queue of
  * commands awaiting replies and two bits per recipient. With the defaults (on LP64): 29984
  * octets. Returns 0 if cfg is invalid or its version unknown. */
