@@ -37,6 +37,8 @@
                                 CLOSED and one more), and recv stops at any */
 #define ENVID_MAX 100        /* RFC 3461 §4.4 */
 #define BDAT_HEAD 32         /* room for "BDAT <20 digits> LAST\r\n" */
+#define EXT_MAX 32           /* spans of the host's content in the output at once
+                                (smtpe_client_content_ref; beyond them content is copied) */
 
 /* What a queued command is, for matching its reply. */
 enum {
@@ -121,10 +123,17 @@ struct smtpe_client {
     smtpe__reply_parser rp;
     uint8_t *line; /* the reply line buffer (rp.buf) */
 
-    /* output ring: run A [a_off, a_end), run B [0, b_end) once wrapped */
+    /* The output: the octets of the ring, run A [a_off, a_end) then run B [0, b_end) once
+     * wrapped, and between them spans of the host's own content (smtpe_client_content_ref):
+     * ext[ext_head + i] (i < ext_count, a ring of EXT_MAX) goes out after the ring octet
+     * numbered ring_before - 1 (ring octets are numbered in the order queued, ring_written of
+     * them so far, ring_acked acknowledged); ext_off octets of the first are acknowledged,
+     * ext_held octets of them all are not. */
     size_t a_off, a_end, b_end;
-    uint64_t written, acked; /* octets queued and acknowledged, in all */
-    uint64_t handed;         /* octets handed to the host by send_buf, in all */
+    uint64_t written, acked; /* octets queued and acknowledged, in all (ring and spans) */
+    uint64_t handed;         /* octets handed to the host by send_buf/send_iov, in all */
+    uint64_t ring_written, ring_acked;
+    size_t ext_head, ext_count, ext_off, ext_held; /* the spans: ext[] below */
     smtpe_span reply_enh;    /* the enhanced status code of the reply being handled */
     size_t unanswered;       /* command octets awaiting replies */
 
@@ -187,9 +196,14 @@ struct smtpe_client {
     smtpe_allocator alloc;
     int owned;
 
-    /* Not cleared at creation (written before they are read): the event queue's entries and
-     * the capability lines kept from the EHLO reply. */
+    /* Not cleared at creation (written before they are read): the event queue's entries, the
+     * spans of referenced content and the capability lines kept from the EHLO reply. */
     qent q[EVQ_MAX];
+    struct {
+        const uint8_t *ptr;
+        size_t len;
+        uint64_t ring_before;
+    } ext[EXT_MAX];
     uint8_t auth_line[CAP_LINE_MAX], xclient_line[CAP_LINE_MAX], xforward_line[CAP_LINE_MAX];
 };
 
@@ -436,6 +450,92 @@ static void out_put_done(smtpe_client *c, int to_b, size_t n)
     else
         c->a_end += n;
     c->written += n;
+    c->ring_written += n;
+}
+
+/* Queues p[0..n) of the host's content by reference, after everything queued so far. The
+ * caller has checked that a slot is free. */
+static void ext_push(smtpe_client *c, const uint8_t *p, size_t n)
+{
+    size_t i = (c->ext_head + c->ext_count++) % EXT_MAX;
+    c->ext[i].ptr = p;
+    c->ext[i].len = n;
+    c->ext[i].ring_before = c->ring_written;
+    c->ext_held += n;
+    c->written += n;
+}
+
+/* The output not yet acknowledged, in order, as up to max spans into iov (the ring's octets
+ * and the host's spans between them). Returns the spans given; *total their octets. */
+static size_t out_spans(const smtpe_client *c, smtpe_span *iov, size_t max, size_t *total)
+{
+    size_t n = 0, e = 0, skip = c->ext_off, run = c->a_end - c->a_off, b = c->b_end;
+    const uint8_t *rp = c->out + c->a_off;
+    uint64_t rpos = c->ring_acked;
+    *total = 0;
+    while (n < max) {
+        size_t k, lim = SIZE_MAX;
+        if (e < c->ext_count) {
+            size_t x = (c->ext_head + e) % EXT_MAX;
+            if (c->ext[x].ring_before == rpos) { /* a span of the host's comes first */
+                iov[n].ptr = c->ext[x].ptr + skip;
+                iov[n].len = c->ext[x].len - skip;
+                *total += iov[n++].len;
+                skip = 0;
+                e++;
+                continue;
+            }
+            lim = (size_t)(c->ext[x].ring_before - rpos);
+        }
+        if (run == 0) { /* run A is listed: run B, if any, follows */
+            if (b == 0)
+                break;
+            rp = c->out;
+            run = b;
+            b = 0;
+        }
+        k = run < lim ? run : lim;
+        iov[n].ptr = rp;
+        iov[n].len = k;
+        *total += iov[n++].len;
+        rp += k;
+        run -= k;
+        rpos += k;
+    }
+    return n;
+}
+
+/* Acknowledges n octets of the output (the caller has checked n <= handed - acked). */
+static void out_ack(smtpe_client *c, size_t n)
+{
+    c->acked += n;
+    while (n > 0) {
+        size_t k;
+        if (c->ext_count > 0 && c->ext[c->ext_head].ring_before == c->ring_acked) {
+            size_t left = c->ext[c->ext_head].len - c->ext_off;
+            k = n < left ? n : left;
+            c->ext_off += k;
+            c->ext_held -= k;
+            if (c->ext_off == c->ext[c->ext_head].len) {
+                c->ext_head = (c->ext_head + 1) % EXT_MAX;
+                c->ext_count--;
+                c->ext_off = 0;
+            }
+        } else {
+            size_t lim = c->a_end - c->a_off;
+            if (c->ext_count > 0 && c->ext[c->ext_head].ring_before - c->ring_acked < lim)
+                lim = (size_t)(c->ext[c->ext_head].ring_before - c->ring_acked);
+            k = n < lim ? n : lim;
+            c->a_off += k;
+            c->ring_acked += k;
+            if (c->a_off == c->a_end) {
+                c->a_off = 0;
+                c->a_end = c->b_end;
+                c->b_end = 0;
+            }
+        }
+        n -= k;
+    }
 }
 
 /* Contiguous room for at least need octets, or NULL. */
@@ -454,7 +554,7 @@ static uint8_t *out_reserve(smtpe_client *c, size_t need, size_t *room, int *to_
 
 static size_t out_unsent(const smtpe_client *c)
 {
-    return c->a_end - c->a_off + c->b_end;
+    return c->a_end - c->a_off + c->b_end + c->ext_held;
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -608,9 +708,42 @@ static void fail_open_txn(smtpe_client *c, unsigned code, smtpe_span text, int l
 /* Drops the output the host has not been handed yet (the octets it has stay stable). */
 static void out_drop_unhanded(smtpe_client *c)
 {
-    size_t keep = (size_t)(c->handed - c->acked); /* a prefix of run A */
-    c->a_end = c->a_off + keep;
-    c->b_end = 0;
+    size_t keep = (size_t)(c->handed - c->acked), e = 0, ring_keep = 0, skip = c->ext_off;
+    size_t ring_unsent = c->a_end - c->a_off + c->b_end, a = c->a_end - c->a_off;
+    uint64_t rpos = c->ring_acked;
+    c->ext_held = 0;
+    while (keep > 0) { /* the handed prefix, through the ring and the spans as out_spans */
+        size_t k, lim = ring_unsent - ring_keep;
+        if (e < c->ext_count) {
+            size_t x = (c->ext_head + e) % EXT_MAX;
+            if (c->ext[x].ring_before == rpos) {
+                size_t left = c->ext[x].len - skip;
+                k = keep < left ? keep : left;
+                c->ext[x].len = skip + k; /* cut after what was handed */
+                c->ext_held += k;
+                keep -= k;
+                skip = 0;
+                e++;
+                continue;
+            }
+            if (c->ext[x].ring_before - rpos < lim)
+                lim = (size_t)(c->ext[x].ring_before - rpos);
+        }
+        k = keep < lim ? keep : lim;
+        if (k == 0)
+            break; /* cannot happen: handed never passes what was queued */
+        ring_keep += k;
+        rpos += k;
+        keep -= k;
+    }
+    c->ext_count = e;
+    if (ring_keep <= a) {
+        c->a_end = c->a_off + ring_keep;
+        c->b_end = 0;
+    } else {
+        c->b_end = ring_keep - a;
+    }
+    c->ring_written = c->ring_acked + ring_keep;
     c->written = c->handed;
 }
 
@@ -622,6 +755,8 @@ static void out_drop_unacked(smtpe_client *c)
 {
     c->a_end = c->a_off;
     c->b_end = 0;
+    c->ext_count = c->ext_off = c->ext_held = 0;
+    c->ring_written = c->ring_acked;
     c->written = c->handed = c->acked;
 }
 
@@ -637,9 +772,7 @@ static void close_session(smtpe_client *c, int reason, unsigned code, smtpe_span
     /* nothing the host has not been handed goes any more (the commands of a session given
      * up, an end of content: a recipient reported temporary must not be delivered by what
      * the host still sends); quit_and_close queues its QUIT after this */
-    if (gone)
-        out_drop_unacked(c);
-    else
+    if (!gone)
         out_drop_unhanded(c);
     /* the end of the content went out if the host wrote it (the connection is gone) or may
      * still write it (it was handed out) */
@@ -1918,6 +2051,67 @@ static smtpe_ssize content_bdat(smtpe_client *c, const uint8_t *p, size_t n, int
     return (smtpe_ssize)k;
 }
 
+/* DATA by reference: each stretch smtpe__stuff_span finds goes out as a span of p (a doubled
+ * dot is the next span starting at that dot again); what it leaves (a held CR, a line end
+ * normalised, a line-start dot at the start of a piece, a refused octet, the last CRLF) is
+ * encoded into the ring an octet at a time, and once the spans are all in use the rest is
+ * copied as smtpe_client_content copies it. */
+static smtpe_ssize content_data_ref(smtpe_client *c, const uint8_t *p, size_t n, int last)
+{
+    size_t used = 0;
+    int dot = 0; /* the last span ended with a line-start dot not yet doubled */
+    while (used < n && c->ext_count + 2 <= EXT_MAX) { /* one kept for an owed dot */
+        size_t room, w, k;
+        int to_b, d;
+        uint8_t *q;
+        k = smtpe__stuff_span(&c->st, p + used, n - used, &d);
+        if (k > 0) {
+            ext_push(c, p + used - dot, k + (size_t)dot);
+            used += k;
+            dot = d;
+            continue;
+        }
+        if (dot) {
+            ext_push(c, p + used - 1, 1);
+            dot = 0;
+        }
+        if (!(q = out_reserve(c, 4, &room, &to_b))) /* one octet may yield 4 */
+            break;
+        k = smtpe__stuff_encode(&c->st, p + used, 1, q, room, &w);
+        out_put_done(c, to_b, w);
+        used += k;
+        if (c->st.refused) {
+            content_refused(c);
+            return (smtpe_ssize)used;
+        }
+        if (k == 0)
+            break;
+    }
+    if (dot)
+        ext_push(c, p + used - 1, 1);
+    if (used > 0)
+        c->restart = 1;
+    if (used < n) /* the spans are all in use (or the ring is full): copy */
+        return (smtpe_ssize)used + content_data(c, p + used, n - used, last);
+    if (last) {
+        c->content = CT_FINISHING;
+        data_finish(c);
+    }
+    return (smtpe_ssize)used;
+}
+
+smtpe_ssize smtpe_client_content_ref(smtpe_client *c, const uint8_t *p, size_t n, int last)
+{
+    smtpe_ssize r;
+    if (!c || (!p && n))
+        return SMTPE_ERR_INVALID_ARGUMENT;
+    if (c->phase == PH_CLOSED || c->content != CT_WANTED)
+        return SMTPE_ERR_STATE;
+    r = c->tx_bdat ? content_bdat(c, p, n, last) : content_data_ref(c, p, n, last);
+    advance(c);
+    return r;
+}
+
 smtpe_ssize smtpe_client_content(smtpe_client *c, const uint8_t *p, size_t n, int last)
 {
     smtpe_ssize r;
@@ -2362,23 +2556,39 @@ const uint8_t *smtpe_client_send_buf(smtpe_client *c, size_t *len)
             *len = 0;
         return NULL;
     }
-    *len = c->a_end - c->a_off; /* run A; run B follows once A is acknowledged */
+    smtpe_span first;
+    size_t total;
+    if (out_spans(c, &first, 1, &total) == 0) {
+        *len = 0;
+        return c->out + c->a_off;
+    }
+    *len = first.len;
     if (c->acked + *len > c->handed)
         c->handed = c->acked + *len;
-    return c->out + c->a_off;
+    return first.ptr;
+}
+
+size_t smtpe_client_send_iov(smtpe_client *c, smtpe_span *iov, size_t max)
+{
+    size_t n, total;
+    if (!c || (!iov && max))
+        return 0;
+    n = out_spans(c, iov, max, &total);
+    if (c->acked + total > c->handed)
+        c->handed = c->acked + total;
+    return n;
+}
+
+size_t smtpe_client_content_held(const smtpe_client *c)
+{
+    return c ? c->ext_held : 0;
 }
 
 int smtpe_client_send_ack(smtpe_client *c, size_t n)
 {
-    if (!c || n > c->a_end - c->a_off)
+    if (!c || n > c->handed - c->acked)
         return SMTPE_ERR_INVALID_ARGUMENT;
-    c->a_off += n;
-    c->acked += n;
-    if (c->a_off == c->a_end) {
-        c->a_off = 0;
-        c->a_end = c->b_end;
-        c->b_end = 0;
-    }
+    out_ack(c, n);
     if (n > 0)
         c->restart = 1;
     advance(c);
@@ -2517,6 +2727,7 @@ int smtpe_client_lost(smtpe_client *c)
         return SMTPE_ERR_INVALID_ARGUMENT;
     if (c->phase == PH_CLOSED)
         return SMTPE_ERR_STATE;
+    out_drop_unacked(c); /* what was written decides; nothing more goes */
     if (c->phase == PH_QUIT)
         close_session(c, SMTPE_CLOSE_QUIT, 0, span_of("closed after QUIT"), 0);
     else

@@ -936,6 +936,33 @@ static size_t stuff_run(smtpe__stuffer *st, const uint8_t *p, size_t n, uint8_t 
     return in;
 }
 
+size_t smtpe__stuff_span(smtpe__stuffer *st, const uint8_t *p, size_t n, int *dot)
+{
+    uint64_t high = 0;
+    uint32_t line_len = st->line_len;
+    int at_start = st->at_line_start;
+    size_t i;
+    *dot = 0;
+    if (st->refused || st->mode != SMTPE__STUFF_DATA || st->pending_cr || n == 0 ||
+        (st->at_line_start && p[0] == '.'))
+        return 0;
+    if (st->refuse_mask & SMTPE_CONTENT_8BIT)
+        i = stuff_scan(st, p, n, &high, 1, dot);
+    else
+        i = stuff_scan(st, p, n, &high, 0, dot);
+    if (i == 0) {
+        st->line_len = line_len;
+        st->at_line_start = at_start;
+        return 0;
+    }
+    if (high & HIGHS)
+        st->seen |= SMTPE_CONTENT_8BIT;
+    st->ended_crlf = st->at_line_start;
+    st->in_octets += i;
+    st->out_octets += i + (size_t)*dot;
+    return i;
+}
+
 size_t smtpe__stuff_encode(smtpe__stuffer *st, const uint8_t *p, size_t n, uint8_t *out,
                            size_t cap, size_t *written)
 {

@@ -105,6 +105,15 @@ void smtpe__stuff_start(smtpe__stuffer *st, int mode, smtpe_line_ending_policy p
 size_t smtpe__stuff_encode(smtpe__stuffer *st, const uint8_t *p, size_t n, uint8_t *out,
                            size_t cap, size_t *written);
 
+/* The encoder's fast path without the copy, under SMTPE__STUFF_DATA: the length of the
+ * longest stretch at the start of p[0..n) that goes out as its own octets (plain text, CRLFs,
+ * up to and including a line-start dot after one, which then needs doubling: *dot set), with
+ * the state moved past it exactly as smtpe__stuff_encode would have (in_octets by the
+ * length, out_octets by the length and the doubled dot). The wire is the stretch, then (with
+ * *dot) one more "." before what follows. 0 when it cannot start (held CR, a line-start dot
+ * at p[0], a stop: smtpe__stuff_encode takes it), or in another mode. */
+size_t smtpe__stuff_span(smtpe__stuffer *st, const uint8_t *p, size_t n, int *dot);
+
 /* The content has ended (call once): writes a held CR's line break (NORMALISE; under REFUSE a
  * held CR is bare: st->refused = SMTPE_CONTENT_BARE_CR and nothing is written), then the final
  * CRLF if the content is not empty and does not end with a line break (not for BINARY; an

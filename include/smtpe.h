@@ -83,10 +83,10 @@ extern "C" {
  * Versions. SMTPE_VERSION_NUM is (major << 16) | (minor << 8) | patch.
  * ------------------------------------------------------------------------------------------- */
 #define SMTPE_VERSION_MAJOR 0
-#define SMTPE_VERSION_MINOR 3
+#define SMTPE_VERSION_MINOR 4
 #define SMTPE_VERSION_PATCH 0
-#define SMTPE_VERSION_NUM 0x000300
-#define SMTPE_VERSION_STRING "0.3.0"
+#define SMTPE_VERSION_NUM 0x000400
+#define SMTPE_VERSION_STRING "0.4.0"
 
 /* The library's SMTPE_VERSION_NUM (the release the program runs with, which may be later
  * than the header it was built with). */
@@ -1118,10 +1118,11 @@ typedef struct smtpe_client_event {
 typedef struct smtpe_client smtpe_client;
 
 /* Octets of memory one client session needs for cfg, a fixed size: S + max_reply_line +
- * output_buffer_size + 12 * (max_unanswered / 6 + 8) + 2 * ceil(max_recipients / 8), its
- * parts aligned to max_align_t, with S the session struct (about 3 KiB with its copy of the config, the
- * capability lines and the event queue): the reply line buffer, the output ring, the queue of
- * commands awaiting replies and two bits per recipient. With the defaults (on LP64): 29984
+ * output_buffer_size (rounded up to max_align_t) + 12 * (max_unanswered / 6 + 8) +
+ * 2 * ceil(max_recipients / 8), rounded up to max_align_t, with S the session struct (about
+ * 4 KiB with its copy of the config, the capability lines, the event queue and the spans of
+ * smtpe_client_content_ref): the reply line buffer, the output ring, the queue of commands
+ * awaiting replies and two bits per recipient. With the defaults (on LP64): 30800
  * octets. Returns 0 if cfg is invalid or its version unknown. */
 SMTPE_API size_t smtpe_client_memory_size_versioned(int config_version,
                                                     const smtpe_client_config *cfg);
@@ -1176,6 +1177,20 @@ SMTPE_API int smtpe_client_submit_versioned(smtpe_client *c, int txn_version,
 SMTPE_API smtpe_ssize smtpe_client_content(smtpe_client *c, const uint8_t *p, size_t n,
                                            int last);
 
+/* As smtpe_client_content, but under DATA the engine may point into p[0..n) instead of
+ * copying it (from 0.4.0): the octets that go out as they are (text between line-start dots,
+ * a doubled dot being its octet given twice) become spans of p in the output, and only the
+ * rest (line ends it normalises, the end of data, and everything once EXT_MAX, 32, spans are
+ * in use) is copied into the output ring. So the host keeps p[0..n) valid and unchanged
+ * until smtpe_client_content_held returns 0 (its spans all acknowledged, or dropped when the
+ * session ended). Under BDAT it copies, as smtpe_client_content does. Same returns. */
+SMTPE_API smtpe_ssize smtpe_client_content_ref(smtpe_client *c, const uint8_t *p, size_t n,
+                                               int last);
+
+/* Octets of content given by smtpe_client_content_ref that the output still points to (not
+ * yet acknowledged): 0 when the host may free or reuse them. 0 for NULL. */
+SMTPE_API size_t smtpe_client_content_held(const smtpe_client *c);
+
 /* The content's source failed: the engine never sends the end of the content (neither the
  * final dot nor a BDAT LAST), every recipient not yet decided becomes temporary (local),
  * and the session ends (SMTPE_CLOSE_ABORTED): the host drops the connection. Returns 0 or
@@ -1229,9 +1244,16 @@ SMTPE_API int smtpe_client_next_event_versioned(smtpe_client *c, int event_versi
 #define smtpe_client_next_event(c, ev)                                                          \
     smtpe_client_next_event_versioned((c), SMTPE_CLIENT_EVENT_VERSION, (ev))
 
-/* Output, as smtpe_server_send_buf / smtpe_server_send_ack: stable until acknowledged, in at
- * most two runs. */
+/* Output, as smtpe_server_send_buf / smtpe_server_send_ack: stable until acknowledged, in
+ * pieces (the output ring's runs, and the spans of smtpe_client_content_ref between them);
+ * smtpe_client_send_buf gives the next one (len 0: none). */
 SMTPE_API const uint8_t *smtpe_client_send_buf(smtpe_client *c, size_t *len);
+/* The output not yet acknowledged as up to max pieces into iov[0..max), in order, for one
+ * writev(2) or sendmsg(2) (from 0.4.0). Returns the pieces given (0 for none, or for c NULL
+ * or iov NULL with max > 0). What it gives counts as handed out, as by smtpe_client_send_buf. */
+SMTPE_API size_t smtpe_client_send_iov(smtpe_client *c, smtpe_span *iov, size_t max);
+/* n octets written: at most those handed out by smtpe_client_send_buf / smtpe_client_send_iov
+ * and not yet acknowledged (else SMTPE_ERR_INVALID_ARGUMENT). Returns 0. */
 SMTPE_API int smtpe_client_send_ack(smtpe_client *c, size_t n);
 
 /* What the client session wants, a bitmask of SMTPE_WANT_READ, _WRITE, _CLOSE, _EVENT, _TLS

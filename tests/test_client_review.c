@@ -2803,6 +2803,180 @@ static void test_fixed_rset_refused_after_bdat_last_sent(void **st)
     raw_free(&r);
 }
 
+/* ==== content by reference (smtpe_client_content_ref, smtpe_client_send_iov) ============= */
+
+/* One DATA transaction's wire from the 354 on: the content given in pieces of piece octets
+ * (0: whole), by reference or copied, written through send_buf (ack 0: whole pieces, else at
+ * most ack octets a call) or send_iov. Checks that held content stays put and that held is 0
+ * at the end; *max_held gets the most content held at once, *from_host the octets written
+ * that the engine pointed to in the content itself. */
+static void ref_wire(const uint8_t *msg, size_t len, size_t piece, int by_ref, int iov,
+                     size_t ack, obuf *wire, size_t *max_held, size_t *from_host)
+{
+    raw r;
+    size_t gave = 0;
+    int gave_last = 0;
+    uint8_t *copy = malloc(len + 1); /* the host's buffer: freed only once nothing is held */
+    assert_non_null(copy);
+    memcpy(copy, msg, len);
+    raw_init(&r);
+    raw_ready(&r, CAPS, 1);
+    raw_feed(&r, "250 ok\r\n250 ok\r\n354 go\r\n");
+    *max_held = *from_host = 0;
+    for (int rounds = 0; rounds < 100000; rounds++) {
+        int progress = 0;
+        if (!gave_last && (smtpe_client_want(r.c) & SMTPE_WANT_CONTENT)) {
+            size_t n = piece && piece < len - gave ? piece : len - gave;
+            int last = gave + n == len;
+            smtpe_ssize k = by_ref ? smtpe_client_content_ref(r.c, copy + gave, n, last)
+                                   : smtpe_client_content(r.c, copy + gave, n, last);
+            assert_true(k >= 0);
+            gave += (size_t)k;
+            gave_last = last && (size_t)k == n;
+            progress |= k > 0 || gave_last;
+        }
+        if (smtpe_client_content_held(r.c) > *max_held)
+            *max_held = smtpe_client_content_held(r.c);
+        if (!by_ref)
+            assert_int_equal(smtpe_client_content_held(r.c), 0);
+        /* everything queued is written before more content is given, in either mode (what
+         * a refusal leaves on the wire is what had been handed out by then) */
+        while (iov) {
+            smtpe_span v[8];
+            size_t nv = smtpe_client_send_iov(r.c, v, 8), total = 0;
+            for (size_t i = 0; i < nv; i++) {
+                assert_true(v[i].len > 0);
+                ob_put(wire, v[i].ptr, v[i].len);
+                total += v[i].len;
+                if (v[i].ptr >= copy && v[i].ptr < copy + len)
+                    *from_host += v[i].len;
+            }
+            if (total == 0)
+                break;
+            assert_int_equal(smtpe_client_send_ack(r.c, total + 1), SMTPE_ERR_INVALID_ARGUMENT);
+            assert_int_equal(smtpe_client_send_ack(r.c, total), 0);
+            progress = 1;
+        }
+        while (!iov) {
+            size_t l;
+            const uint8_t *o = smtpe_client_send_buf(r.c, &l);
+            if (l == 0)
+                break;
+            size_t k = ack && ack < l ? ack : l;
+            ob_put(wire, o, k);
+            if (o >= copy && o < copy + len)
+                *from_host += k;
+            assert_int_equal(smtpe_client_send_ack(r.c, k), 0);
+            progress = 1;
+        }
+        raw_events(&r);
+        if (!progress)
+            break;
+    }
+    assert_int_equal(smtpe_client_content_held(r.c), 0);
+    memset(copy, 'X', len); /* nothing may point here any more */
+    raw_free(&r);
+    free(copy);
+}
+
+static void test_content_ref_same_wire(void **st)
+{
+    (void)st;
+    static uint8_t body[5000];
+#define REF_CASE(name, lit) {name, (const uint8_t *)lit, sizeof lit - 1}
+    const struct {
+        const char *name;
+        const uint8_t *p;
+        size_t len;
+    } cases[] = {
+        REF_CASE("dots", ".a\r\n..b\r\nc\r\n.\r\n.\r\nd"),
+        REF_CASE("bare", "a\nb\rc\r\r\n.x\n.\r"),
+        REF_CASE("crlf-end", "line one\r\nline two\r\n"),
+        REF_CASE("empty", ""),
+        REF_CASE("one-dot", "."),
+        REF_CASE("nul-refused", "text\r\n.dot\r\nmore text\r\nab\0cd\r\n.x\r\n"),
+        REF_CASE("end-like", "a\r\n.\r\n\r\n.\r\n.."),
+        {"body", body, sizeof body},
+    };
+#undef REF_CASE
+    for (size_t i = 0, line = 0; i < sizeof body;) { /* 76-octet lines, every 7th a dot */
+        size_t l = 76;
+        for (size_t k = 0; k < l && i < sizeof body; k++)
+            body[i++] = (uint8_t)(k == 0 && line % 7 == 3 ? '.' : 'a' + (line + k) % 26);
+        if (i < sizeof body)
+            body[i++] = '\r';
+        if (i < sizeof body)
+            body[i++] = '\n';
+        line++;
+    }
+    static const size_t pieces[] = {0, 1, 2, 3, 7, 77, 1000};
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++)
+        for (size_t pi = 0; pi < sizeof pieces / sizeof *pieces; pi++) {
+            obuf want = {0};
+            size_t held, host;
+            ref_wire(cases[ci].p, cases[ci].len, pieces[pi], 0, 0, 0, &want, &held, &host);
+            assert_int_equal(host, 0);
+            for (int mode = 0; mode < 3; mode++) {
+                obuf got = {0};
+                ref_wire(cases[ci].p, cases[ci].len, pieces[pi], 1, mode == 1,
+                         mode == 2 ? 5 : 0, &got, &held, &host);
+                if (got.len != want.len || (want.len && memcmp(got.p, want.p, want.len) != 0))
+                    fail_msg("content_ref %s piece %zu mode %d: the wire differs (%zu/%zu)",
+                             cases[ci].name, pieces[pi], mode, got.len, want.len);
+                if (cases[ci].p == body && pieces[pi] == 0) {
+                    /* all but the ring's few octets (the final CRLF, the end of data) went
+                     * out of the host's own buffer, doubled dots included */
+                    assert_true(host >= sizeof body - 4);
+                    assert_true(held >= 1000);
+                }
+                ob_free(&got);
+            }
+            ob_free(&want);
+        }
+}
+
+/* What a session still holds of the host's content is dropped when it ends: lost with spans
+ * queued (nothing more to send, held 0), and a 421 with spans half handed out (the handed
+ * part stays until acknowledged). */
+static void test_content_ref_dropped_at_close(void **st)
+{
+    (void)st;
+    static const uint8_t msg[] = "a line\r\n.dot\r\nanother\r\n";
+    raw r;
+    size_t len;
+    raw_init(&r);
+    raw_ready(&r, CAPS, 1);
+    raw_feed(&r, "250 ok\r\n250 ok\r\n354 go\r\n");
+    assert_int_equal(smtpe_client_content_ref(r.c, msg, sizeof msg - 1, 1), sizeof msg - 1);
+    assert_true(smtpe_client_content_held(r.c) > 0);
+    assert_int_equal(smtpe_client_lost(r.c), 0);
+    raw_events(&r);
+    assert_int_equal(smtpe_client_content_held(r.c), 0);
+    smtpe_client_send_buf(r.c, &len);
+    assert_int_equal(len, 0);
+    assert_int_equal(r.outcomes[0], SMTPE_OUTCOME_TEMPORARY);
+    raw_free(&r);
+
+    raw_init(&r);
+    raw_ready(&r, CAPS, 1);
+    raw_feed(&r, "250 ok\r\n250 ok\r\n354 go\r\n");
+    assert_int_equal(smtpe_client_content_ref(r.c, msg, sizeof msg - 1, 1), sizeof msg - 1);
+    const uint8_t *o = smtpe_client_send_buf(r.c, &len); /* the first span, handed out */
+    assert_true(o >= msg && o < msg + sizeof msg);
+    assert_true(len >= 3);
+    assert_int_equal(smtpe_client_send_ack(r.c, 2), 0);
+    raw_feed(&r, "421 4.3.2 bye\r\n");
+    assert_int_equal(r.closed_reason, SMTPE_CLOSE_SERVER_421);
+    assert_int_equal(smtpe_client_content_held(r.c), len - 2); /* the rest of what was handed */
+    o = smtpe_client_send_buf(r.c, &len);
+    assert_int_equal(smtpe_client_content_held(r.c), len);
+    assert_int_equal(smtpe_client_send_ack(r.c, len), 0);
+    assert_int_equal(smtpe_client_content_held(r.c), 0);
+    smtpe_client_send_buf(r.c, &len);
+    assert_int_equal(len, 0);
+    raw_free(&r);
+}
+
 /* FIXED (found by a hostile-server trial): the same with DATA. RSET refused while MAIL, RCPT
  * and DATA are pipelined behind it: the server may still answer the DATA 354, so a QUIT
  * would be read as a line of content; the session ends with no QUIT. */
@@ -3519,6 +3693,8 @@ int main(void)
         cmocka_unit_test(test_fixed_second_transaction_bdat_lmtp),
         cmocka_unit_test(test_lost_after_dot_acked_is_unknown),
         cmocka_unit_test(test_fixed_rset_refused_no_quit_behind_pipelined_data),
+        cmocka_unit_test(test_content_ref_same_wire),
+        cmocka_unit_test(test_content_ref_dropped_at_close),
         cmocka_unit_test(test_helo_name_ascii_only),
         cmocka_unit_test(test_lost_after_bdat_last_is_unknown),
         cmocka_unit_test(test_protocol_error_after_dot_is_unknown),

@@ -14,9 +14,11 @@
  * unsolicited reply, a closed connection, passing --timeout-ms) is a failed session. With
  * --pipelining the engine pipelines MAIL, RCPT... and DATA in one write when the EHLO reply
  * advertises PIPELINING (cfg.pipelining); without it, one command per reply. Content goes by
- * DATA (cfg.chunking 0), as in the study; the engine's output ring holds a whole message, so
- * that each write of a session is one send(2) as in a hand-written client (larger messages go
- * in pieces, with MSG_MORE on a TCP_NODELAY socket: see build_client, flush). --timeout-ms is this
+ * DATA (cfg.chunking 0), as in the study, by reference (smtpe_client_content_ref: the engine's
+ * output points into the message, which it does not copy) and each write is one sendmsg(2) of
+ * the pieces smtpe_client_send_iov gives, as in a hand-written client; the output ring holds a
+ * whole message too where it must copy (larger messages go in pieces, with MSG_MORE on a
+ * TCP_NODELAY socket: see build_client, flush). --timeout-ms is this
  * tool's own deadline for a whole session (the engine's per-command timeouts are off: its
  * smtpe_client_expiry is never armed). --sources N binds each connection to
  * one of 127.0.0.1 .. 127.0.0.N, round-robin, so that 10 000 connections to a loopback target
@@ -103,6 +105,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -573,15 +576,24 @@ static void finish(struct session *s, int ok, const char *why, const char *detai
 static int flush(struct session *s)
 {
     for (;;) {
-        size_t len;
-        const uint8_t *p = smtpe_client_send_buf(s->client, &len);
-        if (len == 0)
+        smtpe_span sp[16];
+        struct iovec iov[16];
+        struct msghdr mh;
+        size_t k = smtpe_client_send_iov(s->client, sp, 16);
+        if (k == 0)
             return 1;
         if (s->step == ST_BANNER) { /* the greeting is read: the EHLO is queued */
             s->step = ST_EHLO;
             opening--;
         }
-        ssize_t n = send(s->fd, p, len, MSG_NOSIGNAL | (s->content_pending ? MSG_MORE : 0));
+        for (size_t i = 0; i < k; i++) {
+            iov[i].iov_base = (void *)(uintptr_t)sp[i].ptr; /* sendmsg only reads it */
+            iov[i].iov_len = sp[i].len;
+        }
+        memset(&mh, 0, sizeof mh);
+        mh.msg_iov = iov;
+        mh.msg_iovlen = k;
+        ssize_t n = sendmsg(s->fd, &mh, MSG_NOSIGNAL | (s->content_pending ? MSG_MORE : 0));
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -705,7 +717,9 @@ static int service(struct session *s)
         if (f == 0 || !s->content_pending)
             return 0;
         size_t left = s->content_len - s->content_off;
-        smtpe_ssize r = smtpe_client_content(s->client, s->content + s->content_off, left, 1);
+        /* by reference: the engine's output points into the message (which outlives the
+         * session), so its octets are not copied into the output ring */
+        smtpe_ssize r = smtpe_client_content_ref(s->client, s->content + s->content_off, left, 1);
         if (r < 0) {
             finish(s, 0, "smtpe_client_content", smtpe_strerror((int)r));
             return -1;
