@@ -457,7 +457,12 @@ static void out_put_done(smtpe_client *c, int to_b, size_t n)
  * caller has checked that a slot is free. */
 static void ext_push(smtpe_client *c, const uint8_t *p, size_t n)
 {
-    size_t i = (c->ext_head + c->ext_count++) % EXT_MAX;
+    size_t i;
+    if (c->ext_count == 0) {
+        c->ext_head = 0; /* the same few entries (cache lines) for every message */
+        c->ext_off = 0;
+    }
+    i = (c->ext_head + c->ext_count++) % EXT_MAX;
     c->ext[i].ptr = p;
     c->ext[i].len = n;
     c->ext[i].ring_before = c->ring_written;
@@ -566,6 +571,8 @@ static qent *ev_push(smtpe_client *c, int kind)
     qent *e;
     if (c->q_count == EVQ_MAX) /* cannot happen: at most two runs, DONE and CLOSED per step */
         return NULL;
+    if (c->q_count == 0)
+        c->q_head = 0; /* the same few entries (cache lines) for every step */
     e = &c->q[(c->q_head + c->q_count++) % EVQ_MAX];
     memset(e, 0, sizeof *e);
     e->kind = kind;
