@@ -1241,6 +1241,13 @@ static void m_reply(run *r)
         m_close(r, SMTPE_CLOSE_SERVER_421, code); /* RFC 5321 §3.8: at any time */
         return;
     }
+    if (code == 421 && (c.kind == MK_DOT || c.kind == MK_BDAT_LAST) &&
+        r->acked < r->tx[m->t.ftx].end_wire) {
+        /* the end not all written: not the verdict on it but the session's 421 (the end was
+         * handed out, so what was not decided is unknown) */
+        m_close(r, SMTPE_CLOSE_SERVER_421, code);
+        return;
+    }
     if (code / 100 == 3 && !(c.kind == MK_DATA && code == 354) &&
         !((c.kind == MK_AUTH || c.kind == MK_AUTH_RESP) && code == 334)) {
         m_close(r, SMTPE_CLOSE_PROTOCOL_ERROR, 0);

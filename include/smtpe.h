@@ -1167,7 +1167,8 @@ SMTPE_API int smtpe_client_submit_versioned(smtpe_client *c, int txn_version,
     smtpe_client_submit_versioned((c), SMTPE_CLIENT_TXN_VERSION, (txn))
 
 /* Gives the next n octets of the current transaction's content (after SMTPE_CEV_CONTENT);
- * last = 1 with the final piece (n may be 0). The engine encodes what fits in its output
+ * last = 1 with the final piece (n may be 0; an empty final piece given while a BDAT chunk's
+ * reply is owed is kept and goes after it). The engine encodes what fits in its output
  * buffer (dot-stuffing RFC 5321 §4.5.2, line ends as cfg.line_ending says, BDAT framing
  * RFC 3030) and returns the octets it consumed; the host gives the rest again once
  * SMTPE_WANT_CONTENT is set. The final CRLF is added only if the content lacks one (not for
@@ -1182,13 +1183,18 @@ SMTPE_API smtpe_ssize smtpe_client_content(smtpe_client *c, const uint8_t *p, si
  * a doubled dot being its octet given twice) become spans of p in the output, and only the
  * rest (line ends it normalises, the end of data, and everything once EXT_MAX, 32, spans are
  * in use) is copied into the output ring. So the host keeps p[0..n) valid and unchanged
- * until smtpe_client_content_held returns 0 (its spans all acknowledged, or dropped when the
- * session ended). Under BDAT it copies, as smtpe_client_content does. Same returns. */
+ * until smtpe_client_content_held returns 0: its spans all acknowledged, or dropped
+ * (smtpe_client_lost drops them all; any other end of the session keeps those already handed
+ * out until they are acknowledged), or the session freed. A write the host still has in
+ * flight reads its own pieces whatever the engine holds: the host keeps those until the
+ * write completes, as for any output. Under BDAT it copies, as smtpe_client_content does.
+ * Same returns. */
 SMTPE_API smtpe_ssize smtpe_client_content_ref(smtpe_client *c, const uint8_t *p, size_t n,
                                                int last);
 
 /* Octets of content given by smtpe_client_content_ref that the output still points to (not
- * yet acknowledged): 0 when the host may free or reuse them. 0 for NULL. */
+ * yet acknowledged, nor dropped): 0 when the host may free or reuse them (once its own writes
+ * in flight have completed). 0 for NULL. */
 SMTPE_API size_t smtpe_client_content_held(const smtpe_client *c);
 
 /* The content's source failed: the engine never sends the end of the content (neither the

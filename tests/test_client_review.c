@@ -3008,6 +3008,76 @@ static void test_fixed_rset_refused_no_quit_behind_pipelined_data(void **st)
     raw_free(&r);
 }
 
+/* FIXED (found by a hostile trial of content by reference): a 421 while the final dot is
+ * handed out but only partly written is not the server's verdict on it (the server has not
+ * read it): the session's 421, the recipients unknown (the rest of the dot, handed out, may
+ * still go), never temporary with the end of data still to be written. With the dot all
+ * written, the 421 is the verdict: temporary. Copied and by reference, send_buf and send_iov. */
+static void test_fixed_421_with_dot_partly_written(void **st)
+{
+    (void)st;
+    static const uint8_t msg[] = "hello\r\n";
+    for (int v = 0; v < 6; v++) {
+        int by_ref = v & 1, iov = v >> 1 == 1, all = v >> 1 == 2;
+        raw r;
+        size_t len, total = 0;
+        raw_init(&r);
+        raw_ready(&r, CAPS, 1);
+        raw_feed(&r, "250 ok\r\n250 ok\r\n354 go\r\n");
+        smtpe_ssize k = by_ref ? smtpe_client_content_ref(r.c, msg, sizeof msg - 1, 1)
+                               : smtpe_client_content(r.c, msg, sizeof msg - 1, 1);
+        assert_int_equal(k, sizeof msg - 1);
+        if (iov || all) {
+            smtpe_span p[8];
+            size_t n = smtpe_client_send_iov(r.c, p, 8);
+            for (size_t i = 0; i < n; i++)
+                total += p[i].len;
+        } else {
+            smtpe_client_send_buf(r.c, &len);
+            total = len;
+            while (by_ref && len > 0) { /* hand out every piece, writing none */
+                smtpe_span p[8];
+                size_t n = smtpe_client_send_iov(r.c, p, 8);
+                total = 0;
+                for (size_t i = 0; i < n; i++)
+                    total += p[i].len;
+                len = 0;
+            }
+        }
+        assert_int_equal(total, 10); /* "hello\r\n.\r\n", all handed out */
+        assert_int_equal(smtpe_client_send_ack(r.c, all ? 10 : 3), 0);
+        raw_feed(&r, "421 4.3.2 going down\r\n");
+        assert_int_equal(r.closed_reason, SMTPE_CLOSE_SERVER_421);
+        assert_int_equal(r.n_outcomes[0], 1);
+        assert_int_equal(r.outcomes[0], all ? SMTPE_OUTCOME_TEMPORARY : SMTPE_OUTCOME_UNKNOWN);
+        raw_free(&r);
+    }
+}
+
+/* An empty final piece given under BDAT while a chunk's reply is owed is kept (as under DATA)
+ * and its BDAT 0 LAST goes after that reply; WANT_CONTENT is not set again. */
+static void test_bdat_empty_last_while_reply_owed(void **st)
+{
+    (void)st;
+    raw r;
+    raw_init(&r);
+    r.cfg.chunk_size = 4096;
+    raw_ready(&r, "250-mx\r\n250-PIPELINING\r\n250 CHUNKING\r\n", 1);
+    assert_int_equal(smtpe_client_content(r.c, (const uint8_t *)"abc\r\n", 5, 0), 5);
+    raw_write(&r, SIZE_MAX);
+    assert_false(smtpe_client_want(r.c) & SMTPE_WANT_CONTENT); /* the chunk's reply is owed */
+    assert_int_equal(smtpe_client_content(r.c, (const uint8_t *)"", 0, 1), 0);
+    raw_feed(&r, "250 ok\r\n250 ok\r\n250 2.0.0 chunk\r\n");
+    assert_false(smtpe_client_want(r.c) & SMTPE_WANT_CONTENT);
+    raw_write(&r, SIZE_MAX);
+    ob_put(&r.out, "", 0);
+    assert_string_equal((const char *)r.out.p,
+                        "BDAT 5\r\nabc\r\nBDAT 0 LAST\r\n");
+    raw_feed(&r, "250 2.0.0 queued\r\n");
+    assert_int_equal(r.outcomes[0], SMTPE_OUTCOME_DELIVERED);
+    raw_free(&r);
+}
+
 /* A helo_name with an octet above 127 is refused: EHLO is ASCII (an A-label instead). */
 static void test_helo_name_ascii_only(void **st)
 {
@@ -3696,6 +3766,8 @@ int main(void)
         cmocka_unit_test(test_content_ref_same_wire),
         cmocka_unit_test(test_content_ref_dropped_at_close),
         cmocka_unit_test(test_helo_name_ascii_only),
+        cmocka_unit_test(test_fixed_421_with_dot_partly_written),
+        cmocka_unit_test(test_bdat_empty_last_while_reply_owed),
         cmocka_unit_test(test_lost_after_bdat_last_is_unknown),
         cmocka_unit_test(test_protocol_error_after_dot_is_unknown),
         cmocka_unit_test(test_lmtp_lost_mid_series),
