@@ -1115,21 +1115,6 @@ static int auth_wanted(const smtpe_client *c)
     return c->cfg.auth_mechanism != NULL && !c->authenticated;
 }
 
-/* 1 if a[0..n) and b[0..n) are the same octets but for the case of ASCII letters. */
-static int same_ci(const uint8_t *a, const uint8_t *b, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        uint8_t x = a[i], y = b[i];
-        if (x >= 'A' && x <= 'Z')
-            x = (uint8_t)(x | 0x20);
-        if (y >= 'A' && y <= 'Z')
-            y = (uint8_t)(y | 0x20);
-        if (x != y)
-            return 0;
-    }
-    return 1;
-}
-
 /* 1 if the space-separated list (the span of a capability line) holds the word name (a
  * non-empty span), without regard to case. */
 static int list_has(smtpe_span list, smtpe_span name)
@@ -1139,7 +1124,7 @@ static int list_has(smtpe_span list, smtpe_span name)
         size_t j = i;
         while (j < list.len && list.ptr[j] != ' ')
             j++;
-        if (j - i == name.len && same_ci(list.ptr + i, name.ptr, name.len))
+        if (j - i == name.len && smtpe__same_ci(list.ptr + i, name.ptr, name.len))
             return 1;
         i = j + 1;
     }
@@ -1342,17 +1327,6 @@ static smtpe_span keep_line(uint8_t *buf, smtpe_span v)
     return out;
 }
 
-/* 1 if p[0..n) is the keyword name (upper case letters, digits, "-") in any case. */
-static int keyword_is(const uint8_t *p, const char *name, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        uint8_t a = p[i], b = (uint8_t)name[i];
-        if (a != b && !(b >= 'A' && b <= 'Z' && a == (uint8_t)(b | 0x20)))
-            return 0;
-    }
-    return 1;
-}
-
 /* Notes which mechanisms the AUTH line's list v offers (RFC 4954 §3). */
 static void auth_note_offered(smtpe_client *c, smtpe_span v)
 {
@@ -1402,7 +1376,7 @@ static void ehlo_keyword(smtpe_client *c, smtpe_span t)
         v.ptr++;
         v.len--;
     }
-    if (k == 4 && keyword_is(t.ptr, "AUTH", 4)) {
+    if (k == 4 && smtpe__same_ci(t.ptr, (const uint8_t *)"AUTH", 4)) {
         if (c->caps.auth.len == 0 || (t.len > 4 && t.ptr[4] == ' ')) /* AUTH beats AUTH= */
             c->caps.auth = keep_line(c->auth_line, v);
         auth_note_offered(c, v); /* from the whole line: the kept copy may be cut */
@@ -1410,7 +1384,7 @@ static void ehlo_keyword(smtpe_client *c, smtpe_span t)
     }
     for (size_t i = 0; i < sizeof known / sizeof *known; i++) {
         size_t n = known[i].len;
-        if (k != n || !keyword_is(t.ptr, known[i].name, n))
+        if (k != n || !smtpe__same_ci(t.ptr, (const uint8_t *)known[i].name, n))
             continue;
         c->caps.extensions |= known[i].bit;
         if (known[i].bit == SMTPE_EXT_SIZE) {
@@ -2110,28 +2084,32 @@ static smtpe_ssize content_data_ref(smtpe_client *c, const uint8_t *p, size_t n,
     return (smtpe_ssize)used;
 }
 
-smtpe_ssize smtpe_client_content_ref(smtpe_client *c, const uint8_t *p, size_t n, int last)
+/* smtpe_client_content and smtpe_client_content_ref: by_ref chooses the DATA path (BDAT
+ * copies either way). */
+static smtpe_ssize content_given(smtpe_client *c, const uint8_t *p, size_t n, int last,
+                                 int by_ref)
 {
     smtpe_ssize r;
     if (!c || (!p && n))
         return SMTPE_ERR_INVALID_ARGUMENT;
     if (c->phase == PH_CLOSED || c->content != CT_WANTED)
         return SMTPE_ERR_STATE;
-    r = c->tx_bdat ? content_bdat(c, p, n, last) : content_data_ref(c, p, n, last);
+    if (c->tx_bdat)
+        r = content_bdat(c, p, n, last);
+    else
+        r = by_ref ? content_data_ref(c, p, n, last) : content_data(c, p, n, last);
     advance(c);
     return r;
 }
 
+smtpe_ssize smtpe_client_content_ref(smtpe_client *c, const uint8_t *p, size_t n, int last)
+{
+    return content_given(c, p, n, last, 1);
+}
+
 smtpe_ssize smtpe_client_content(smtpe_client *c, const uint8_t *p, size_t n, int last)
 {
-    smtpe_ssize r;
-    if (!c || (!p && n))
-        return SMTPE_ERR_INVALID_ARGUMENT;
-    if (c->phase == PH_CLOSED || c->content != CT_WANTED)
-        return SMTPE_ERR_STATE;
-    r = c->tx_bdat ? content_bdat(c, p, n, last) : content_data(c, p, n, last);
-    advance(c);
-    return r;
+    return content_given(c, p, n, last, 0);
 }
 
 int smtpe_client_abort_content(smtpe_client *c)

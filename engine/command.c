@@ -84,15 +84,18 @@ static uint8_t lower(uint8_t c)
     return (c >= 'A' && c <= 'Z') ? (uint8_t)(c + 32) : c;
 }
 
+int smtpe__same_ci(const uint8_t *a, const uint8_t *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (lower(a[i]) != lower(b[i]))
+            return 0;
+    return 1;
+}
+
 int smtpe__has_prefix_ci(const uint8_t *p, size_t n, const char *prefix)
 {
     size_t k = strlen(prefix);
-    if (n < k)
-        return 0;
-    for (size_t i = 0; i < k; i++)
-        if (lower(p[i]) != lower((uint8_t)prefix[i]))
-            return 0;
-    return 1;
+    return n >= k && smtpe__same_ci(p, (const uint8_t *)prefix, k);
 }
 
 static const struct {

@@ -53,6 +53,9 @@ typedef enum smtpe__verb {
 smtpe__verb smtpe__command_split(const uint8_t *line, size_t n, smtpe_span *verb,
                                  smtpe_span *argument);
 
+/* 1 if a[0..n) and b[0..n) are the same octets but for the case of ASCII letters. */
+int smtpe__same_ci(const uint8_t *a, const uint8_t *b, size_t n);
+
 /* 1 if p[0..n) starts with the ASCII prefix (compared without regard to case). */
 int smtpe__has_prefix_ci(const uint8_t *p, size_t n, const char *prefix);
 
