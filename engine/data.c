@@ -717,6 +717,38 @@ static HOT_INLINE int vec_break(const uint8_t *p, size_t at, size_t lim, int dot
     return dots && p[at + 2] == '.' ? 2 : 1;
 }
 
+/* Both vector scans' walk of a block p[i..i+32) holding octets that are not plain (m: bit k
+ * for p[i + k]): each CRLF vec_break passes moves *line_at and *before past it. Returns 32
+ * when all of the block went (*next: i + 32, or past a CRLF whose LF is the next block's first
+ * octet), else the offset k of the octet the stretch stops at, or (*dot set) of the CR of the
+ * CRLF whose line-start dot ends it. */
+static HOT_INLINE unsigned vec_block(const uint8_t *p, size_t i, size_t lim, unsigned m,
+                                     int dots, size_t *line_at, uint32_t *before, int *dot,
+                                     size_t *next)
+{
+    *next = i + 32;
+    while (m) {
+        unsigned k = (unsigned)__builtin_ctz(m);
+        size_t at = i + k;
+        int b = vec_break(p, at, lim, dots, *line_at, *before);
+        if (b == 0)
+            return k;
+        *line_at = at + 2; /* a CRLF */
+        *before = 0;
+        if (b == 2) {
+            *dot = 1;
+            return k;
+        }
+        if (k == 31) { /* its LF starts the next block: go on after it */
+            *next = at + 2;
+            break;
+        }
+        m &= m - 1; /* the CR */
+        m &= m - 1; /* and its LF */
+    }
+    return 32;
+}
+
 /* The vector part of stuff_scan: from p[i], thirty-two octets at a time while at least that
  * many are left before lim, passes what stuff_scan's scalar loop would (plain octets, CRLFs
  * that end lines of at most LINE_TEXT_MAX octets, and under dots a line-start dot after one,
@@ -735,30 +767,13 @@ static HOT_INLINE size_t stuff_vec(const uint8_t *p, size_t i, size_t lim, int s
         size_t next = i + 32;
         if (_mm_movemask_epi8(_mm_or_si128(low16(v0, stop8), low16(v1, stop8)))) {
             unsigned m = stop16(v0, stop8) | stop16(v1, stop8) << 16;
-            while (m) {
-                unsigned k = (unsigned)__builtin_ctz(m);
-                size_t at = i + k;
-                int b = vec_break(p, at, lim, dots, *line_at, *before);
-                if (b != 1) {
-                    unsigned hi = (unsigned)_mm_movemask_epi8(v0) |
-                                  (unsigned)_mm_movemask_epi8(v1) << 16;
-                    h |= hi & ((1u << k) - 1u);
-                    *high |= (h | (unsigned)_mm_movemask_epi8(acc)) ? 0x80u : 0u;
-                    if (b == 0)
-                        return at;
-                    *line_at = at + 2;
-                    *before = 0;
-                    *dot = 1;
-                    return at + 3;
-                }
-                *line_at = at + 2;
-                *before = 0;
-                if (k == 31) { /* its LF starts the next block: go on after it */
-                    next = at + 2;
-                    break;
-                }
-                m &= m - 1; /* the CR */
-                m &= m - 1; /* and its LF */
+            unsigned k = vec_block(p, i, lim, m, dots, line_at, before, dot, &next);
+            if (k < 32) {
+                unsigned hi = (unsigned)_mm_movemask_epi8(v0) |
+                              (unsigned)_mm_movemask_epi8(v1) << 16;
+                h |= hi & ((1u << k) - 1u);
+                *high |= (h | (unsigned)_mm_movemask_epi8(acc)) ? 0x80u : 0u;
+                return i + k + (*dot ? 3 : 0);
             }
         }
         acc = _mm_or_si128(acc, _mm_or_si128(v0, v1));
@@ -790,31 +805,14 @@ __attribute__((target("avx2"))) static size_t stuff_vec_avx2(const uint8_t *p, s
             __m256i sp = _mm256_or_si256(
                 _mm256_or_si256(_mm256_cmpeq_epi8(v, cr), _mm256_cmpeq_epi8(v, lf)),
                 _mm256_cmpeq_epi8(v, zero));
-            unsigned m = (unsigned)_mm256_movemask_epi8(sp);
+            unsigned m = (unsigned)_mm256_movemask_epi8(sp), k;
             if (stop8)
                 m |= (unsigned)_mm256_movemask_epi8(v);
-            while (m) {
-                unsigned k = (unsigned)__builtin_ctz(m);
-                size_t at = i + k;
-                int b = vec_break(p, at, lim, dots, *line_at, *before);
-                if (b != 1) {
-                    h |= (unsigned)_mm256_movemask_epi8(v) & ((1u << k) - 1u);
-                    *high |= (h | (unsigned)_mm256_movemask_epi8(acc)) ? 0x80u : 0u;
-                    if (b == 0)
-                        return at;
-                    *line_at = at + 2;
-                    *before = 0;
-                    *dot = 1;
-                    return at + 3;
-                }
-                *line_at = at + 2;
-                *before = 0;
-                if (k == 31) {
-                    next = at + 2;
-                    break;
-                }
-                m &= m - 1;
-                m &= m - 1;
+            k = vec_block(p, i, lim, m, dots, line_at, before, dot, &next);
+            if (k < 32) {
+                h |= (unsigned)_mm256_movemask_epi8(v) & ((1u << k) - 1u);
+                *high |= (h | (unsigned)_mm256_movemask_epi8(acc)) ? 0x80u : 0u;
+                return i + k + (*dot ? 3 : 0);
             }
         }
         acc = _mm256_or_si256(acc, v);
@@ -896,13 +894,36 @@ static HOT_INLINE size_t stuff_scan(smtpe__stuffer *st, const uint8_t *p, size_t
  * or LF, a NUL, a refused octet or a line break at the end of p, which the caller encodes one
  * at a time. Returns the octets consumed; *w gets those written. The caller has checked that
  * no CR is held and that p[0] is not a line-start dot under DATA. */
+/* One stretch of p[0..lim) by stuff_scan, with the 8BIT refusal choosing its stop8 (so each
+ * inlined copy keeps its own test); an empty one leaves the line state as it was. */
+static size_t stuff_stretch(smtpe__stuffer *st, const uint8_t *p, size_t lim, uint64_t *high,
+                            int *dot)
+{
+    uint32_t line_len = st->line_len;
+    int at_start = st->at_line_start;
+    size_t i = (st->refuse_mask & SMTPE_CONTENT_8BIT) ? stuff_scan(st, p, lim, high, 1, dot)
+                                                      : stuff_scan(st, p, lim, high, 0, dot);
+    if (i == 0) {
+        st->line_len = line_len;
+        st->at_line_start = at_start;
+    }
+    return i;
+}
+
+/* After stretches that passed octets: what they showed (high: their octets ORed). */
+static void stuff_stretched(smtpe__stuffer *st, uint64_t high)
+{
+    if (high & HIGHS)
+        st->seen |= SMTPE_CONTENT_8BIT;
+    st->ended_crlf = st->at_line_start;
+}
+
 static size_t stuff_run(smtpe__stuffer *st, const uint8_t *p, size_t n, uint8_t *out,
                         size_t room, size_t *w)
 {
     uint64_t high = 0;
     size_t in = 0, o = 0;
-    uint32_t line_len = st->line_len;
-    int at_start = st->at_line_start, data = st->mode == SMTPE__STUFF_DATA;
+    int data = st->mode == SMTPE__STUFF_DATA;
     for (;;) {
         /* under DATA one octet of room is kept for a doubled dot */
         size_t r = room - o, lim = n - in, i;
@@ -911,10 +932,7 @@ static size_t stuff_run(smtpe__stuffer *st, const uint8_t *p, size_t n, uint8_t 
             r = r > 0 ? r - 1 : 0;
         if (r < lim)
             lim = r;
-        if (st->refuse_mask & SMTPE_CONTENT_8BIT)
-            i = stuff_scan(st, p + in, lim, &high, 1, &dot);
-        else
-            i = stuff_scan(st, p + in, lim, &high, 0, &dot);
+        i = stuff_stretch(st, p + in, lim, &high, &dot);
         if (i == 0)
             break;
         memcpy(out + o, p + in, i);
@@ -925,39 +943,22 @@ static size_t stuff_run(smtpe__stuffer *st, const uint8_t *p, size_t n, uint8_t 
         out[o++] = '.'; /* §4.5.2: a line-start dot is doubled */
     }
     *w = o;
-    if (in == 0) {
-        st->line_len = line_len;
-        st->at_line_start = at_start;
-        return 0;
-    }
-    if (high & HIGHS)
-        st->seen |= SMTPE_CONTENT_8BIT;
-    st->ended_crlf = st->at_line_start;
+    if (in > 0)
+        stuff_stretched(st, high);
     return in;
 }
 
 size_t smtpe__stuff_span(smtpe__stuffer *st, const uint8_t *p, size_t n, int *dot)
 {
     uint64_t high = 0;
-    uint32_t line_len = st->line_len;
-    int at_start = st->at_line_start;
     size_t i;
     *dot = 0;
     if (st->refused || st->mode != SMTPE__STUFF_DATA || st->pending_cr || n == 0 ||
         (st->at_line_start && p[0] == '.'))
         return 0;
-    if (st->refuse_mask & SMTPE_CONTENT_8BIT)
-        i = stuff_scan(st, p, n, &high, 1, dot);
-    else
-        i = stuff_scan(st, p, n, &high, 0, dot);
-    if (i == 0) {
-        st->line_len = line_len;
-        st->at_line_start = at_start;
+    if ((i = stuff_stretch(st, p, n, &high, dot)) == 0)
         return 0;
-    }
-    if (high & HIGHS)
-        st->seen |= SMTPE_CONTENT_8BIT;
-    st->ended_crlf = st->at_line_start;
+    stuff_stretched(st, high);
     st->in_octets += i;
     st->out_octets += i + (size_t)*dot;
     return i;
