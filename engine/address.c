@@ -72,10 +72,27 @@ static int take_utf8(cursor *c)
     return 1;
 }
 
-/* atext of RFC 5322 §3.2.3. */
-static int is_atext(int c)
+/* The classes of the ASCII octets: atext of RFC 5322 §3.2.3 (ALPHA, DIGIT and
+ * "!#$%&'*+-/=?^_`{|}~") and Let-dig of RFC 5321 §4.1.2 (ALPHA, DIGIT). Read-only. */
+#define C_ATEXT 1u
+#define C_LETDIG 2u
+static const uint8_t ascii_class[128] = {
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, /* controls */
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    0, 1, 0, 1, 1, 1, 1, 1, 0, 0, 1, 1, 0, 1, 0, 1, /* SP ! " # $ % & ' ( ) * + , - . / */
+    3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 0, 0, 0, 1, 0, 1, /* 0-9 : ; < = > ? */
+    0, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, /* @ A-O */
+    3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 0, 0, 0, 1, 1, /* P-Z [ \ ] ^ _ */
+    1, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, /* ` a-o */
+    3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 0, /* p-z { | } ~ DEL */
+};
+
+/* The end of the run of p[i..n) whose octets are ASCII of class cls. */
+static size_t class_run(const uint8_t *p, size_t i, size_t n, unsigned cls)
 {
-    return is_alpha(c) || is_digit(c) || (c > 0 && strchr("!#$%&'*+-/=?^_`{|}~", c) != NULL);
+    while (i < n && p[i] < 0x80 && (ascii_class[p[i]] & cls))
+        i++;
+    return i;
 }
 
 /* Dot-string = Atom *("." Atom) */
@@ -84,9 +101,8 @@ static int dot_string(cursor *c)
     for (;;) {
         size_t start = c->i;
         for (;;) {
-            if (is_atext(peek(c)))
-                c->i++;
-            else if (!take_utf8(c))
+            c->i = class_run(c->p, c->i, c->n, C_ATEXT);
+            if (!take_utf8(c))
                 break;
         }
         if (c->i == start)
@@ -127,11 +143,14 @@ static int sub_domain(cursor *c)
     size_t start = c->i;
     int last = 0, ulabel = 0;
     for (;;) {
-        int ch = peek(c);
-        if (is_alpha(ch) || is_digit(ch)) {
-            c->i++;
-            last = ch;
-        } else if (ch == '-' && c->i > start) {
+        int ch;
+        size_t e = class_run(c->p, c->i, c->n, C_LETDIG);
+        if (e > c->i) {
+            c->i = e;
+            last = 'a';
+        }
+        ch = peek(c);
+        if (ch == '-' && c->i > start) {
             c->i++;
             last = ch;
         } else if (take_utf8(c)) {
@@ -354,3 +373,7 @@ int smtpe__parse_path(const uint8_t *p, size_t n, unsigned opts, smtpe_path *out
     *used = c.i;
     return r;
 }
+
+/* This file's macros end here (the amalgamated smtpe.c puts the sources in one file). */
+#undef C_ATEXT
+#undef C_LETDIG

@@ -669,6 +669,35 @@ static void test_length_limits(void **state)
 }
 
 /* Every prefix of a valid path is incomplete (never OK) and never read past its end. */
+/* Every ASCII octet inside a local part and inside a domain label, against RFC 5322 §3.2.3
+ * atext (ALPHA, DIGIT, "!#$%&'*+-/=?^_`{|}~") and RFC 5321 Let-dig / "-" (a hyphen is valid
+ * inside a label, as here): the octet classes of address.c, all 128 of them. */
+static void test_every_ascii_octet(void **state)
+{
+    (void)state;
+    static const char specials[] = "!#$%&'*+-/=?^_`{|}~";
+    for (unsigned c = 0; c < 128; c++) {
+        uint8_t in[32];
+        smtpe_path path;
+        size_t used;
+        int alnum = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+        int atext = alnum || (c != 0 && strchr(specials, (int)c) != NULL);
+        int n = snprintf((char *)in, sizeof in, "<aXb@example.org>");
+        in[2] = (uint8_t)c;
+        int r = smtpe__parse_path(in, (size_t)n, 0, &path, &used);
+        /* the whole path, or it stopped early (a '>' in the middle ends a valid one) */
+        int ok = r == SMTPE__PATH_OK && used == (size_t)n;
+        if (ok != (atext || c == '.')) /* "a.b" is a Dot-string */
+            fail_msg("local part with 0x%02x: %d, %zu octets", c, r, used);
+        n = snprintf((char *)in, sizeof in, "<ab@exXmple.org>");
+        in[6] = (uint8_t)c;
+        r = smtpe__parse_path(in, (size_t)n, 0, &path, &used);
+        ok = r == SMTPE__PATH_OK && used == (size_t)n;
+        if (ok != (alnum || c == '-' || c == '.')) /* "ex.mple.org" is a Domain */
+            fail_msg("domain label with 0x%02x: %d, %zu octets", c, r, used);
+    }
+}
+
 static void test_prefixes(void **state)
 {
     (void)state;
@@ -708,6 +737,7 @@ int main(void)
         cmocka_unit_test(test_utf8_seq),
         cmocka_unit_test(test_length_limits),
         cmocka_unit_test(test_prefixes),
+        cmocka_unit_test(test_every_ascii_octet),
     };
     return cmocka_run_group_tests_name("address", tests, NULL, NULL);
 }
