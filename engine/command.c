@@ -86,9 +86,12 @@ static uint8_t lower(uint8_t c)
 
 int smtpe__same_ci(const uint8_t *a, const uint8_t *b, size_t n)
 {
-    for (size_t i = 0; i < n; i++)
-        if (lower(a[i]) != lower(b[i]))
+    for (size_t i = 0; i < n; i++) {
+        uint8_t x = a[i], y = b[i];
+        /* equal octets need no folding; others match only as the two cases of a letter */
+        if (x != y && ((x ^ y) != 0x20 || lower(x) != lower(y)))
             return 0;
+    }
     return 1;
 }
 

@@ -437,6 +437,23 @@ static void test_has_prefix_ci(void **state)
     assert_int_equal(smtpe__has_prefix_ci((const uint8_t *)"anything", 8, ""), 1);
 }
 
+/* smtpe__same_ci against its definition for every pair of octets: equal once ASCII letters
+ * are folded to lower case, and nothing else folded ('@' and '`', '[' and '{', 0xC1 and 0xE1
+ * differ only in 0x20 too, and are not the same). */
+static void test_same_ci_every_pair(void **state)
+{
+    (void)state;
+    for (unsigned x = 0; x < 256; x++) {
+        for (unsigned y = 0; y < 256; y++) {
+            uint8_t a[2] = {'k', (uint8_t)x}, b[2] = {'K', (uint8_t)y};
+            unsigned lx = x >= 'A' && x <= 'Z' ? x + 32 : x;
+            unsigned ly = y >= 'A' && y <= 'Z' ? y + 32 : y;
+            if (smtpe__same_ci(a, b, 2) != (lx == ly))
+                fail_msg("same_ci(0x%02x, 0x%02x) wrong", x, y);
+        }
+    }
+}
+
 typedef struct param_case {
     const char *in;
     int result;
@@ -706,6 +723,7 @@ int main(void)
         cmocka_unit_test(test_too_long),
         cmocka_unit_test(test_command_split),
         cmocka_unit_test(test_has_prefix_ci),
+        cmocka_unit_test(test_same_ci_every_pair),
         cmocka_unit_test(test_parse_params),
         cmocka_unit_test(test_parse_params_max),
         cmocka_unit_test(test_parse_u64),
