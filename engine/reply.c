@@ -201,10 +201,18 @@ static size_t text_run(const smtpe__reply_parser *p, const uint8_t *in, size_t n
     if (p->max_total - p->total < lim)
         lim = p->max_total - p->total;
     while (lim - k >= 8) { /* a word at a time while no octet is below 0x0E */
-        uint64_t v;
+        uint64_t v, m;
         memcpy(&v, in + k, 8);
-        if ((v - 0x0E0E0E0E0E0E0E0Eull) & ~v & 0x8080808080808080ull)
+        m = (v - 0x0E0E0E0E0E0E0E0Eull) & ~v & 0x8080808080808080ull;
+        if (m) {
+            /* the lowest flag is exact (a borrow moves only upwards), so the octets before
+             * the first one below 0x0E go at once; on a little-endian machine the word's low
+             * byte is its first octet in memory (elsewhere the run stops at the word) */
+#if defined(__GNUC__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+            k += (size_t)__builtin_ctzll(m) / 8;
+#endif
             break;
+        }
         k += 8;
     }
     while (k < lim && in[k] != '\r' && in[k] != '\n' && in[k] != 0)
