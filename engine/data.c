@@ -757,10 +757,15 @@ static HOT_INLINE unsigned vec_block(const uint8_t *p, size_t i, size_t lim, uns
  * each CRLF; *high gets a high bit when an octet passed is above 127. A block with no octet
  * below 0x0E (nor above 127 with stop8) costs one test. */
 static HOT_INLINE size_t stuff_vec(const uint8_t *p, size_t i, size_t lim, int stop8, int dots,
-                                   size_t *line_at, uint32_t *before, uint64_t *high, int *dot)
+                                   size_t *line_at_out, uint32_t *before_out, uint64_t *high,
+                                   int *dot)
 {
     __m128i acc = _mm_setzero_si128();
     unsigned h = 0;
+    /* the line state in locals, written back at the end: stores through the pointers could
+     * alias p (octets), so the compiler would store and reload them at every CRLF */
+    size_t la = *line_at_out, *line_at = &la;
+    uint32_t bf = *before_out, *before = &bf;
     while (lim - i >= 32) {
         __m128i v0 = _mm_loadu_si128((const __m128i *)(const void *)(p + i));
         __m128i v1 = _mm_loadu_si128((const __m128i *)(const void *)(p + i + 16));
@@ -773,6 +778,8 @@ static HOT_INLINE size_t stuff_vec(const uint8_t *p, size_t i, size_t lim, int s
                               (unsigned)_mm_movemask_epi8(v1) << 16;
                 h |= hi & ((1u << k) - 1u);
                 *high |= (h | (unsigned)_mm_movemask_epi8(acc)) ? 0x80u : 0u;
+                *line_at_out = la;
+                *before_out = bf;
                 return i + k + (*dot ? 3 : 0);
             }
         }
@@ -780,6 +787,8 @@ static HOT_INLINE size_t stuff_vec(const uint8_t *p, size_t i, size_t lim, int s
         i = next;
     }
     *high |= (h | (unsigned)_mm_movemask_epi8(acc)) ? 0x80u : 0u;
+    *line_at_out = la;
+    *before_out = bf;
     return i;
 }
 #endif
@@ -788,13 +797,16 @@ static HOT_INLINE size_t stuff_vec(const uint8_t *p, size_t i, size_t lim, int s
 /* stuff_vec with AVX2: the same stretch, one block of thirty-two octets per test. */
 __attribute__((target("avx2"))) static size_t stuff_vec_avx2(const uint8_t *p, size_t i,
                                                              size_t lim, int stop8, int dots,
-                                                             size_t *line_at, uint32_t *before,
+                                                             size_t *line_at_out,
+                                                             uint32_t *before_out,
                                                              uint64_t *high, int *dot)
 {
     const __m256i c0d = _mm256_set1_epi8(0x0D), cr = _mm256_set1_epi8('\r');
     const __m256i lf = _mm256_set1_epi8('\n'), zero = _mm256_setzero_si256();
     __m256i acc = zero;
     unsigned h = 0;
+    size_t la = *line_at_out, *line_at = &la; /* in locals, as in stuff_vec */
+    uint32_t bf = *before_out, *before = &bf;
     while (lim - i >= 32) {
         __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(p + i));
         __m256i low = _mm256_cmpeq_epi8(_mm256_min_epu8(v, c0d), v);
@@ -812,6 +824,8 @@ __attribute__((target("avx2"))) static size_t stuff_vec_avx2(const uint8_t *p, s
             if (k < 32) {
                 h |= (unsigned)_mm256_movemask_epi8(v) & ((1u << k) - 1u);
                 *high |= (h | (unsigned)_mm256_movemask_epi8(acc)) ? 0x80u : 0u;
+                *line_at_out = la;
+                *before_out = bf;
                 return i + k + (*dot ? 3 : 0);
             }
         }
@@ -819,6 +833,8 @@ __attribute__((target("avx2"))) static size_t stuff_vec_avx2(const uint8_t *p, s
         i = next;
     }
     *high |= (h | (unsigned)_mm256_movemask_epi8(acc)) ? 0x80u : 0u;
+    *line_at_out = la;
+    *before_out = bf;
     return i;
 }
 #endif
