@@ -16,7 +16,8 @@
  * advertises PIPELINING (cfg.pipelining); without it, one command per reply. Content goes by
  * DATA (cfg.chunking 0), as in the study, by reference (smtpe_client_content_ref: the engine's
  * output points into the message, which it does not copy) and each write is one sendmsg(2) of
- * the pieces smtpe_client_send_iov gives, as in a hand-written client; the output ring holds a
+ * the pieces smtpe_client_send_iov gives (send(2) when there is one), as in a hand-written
+ * client; the output ring holds a
  * whole message too where it must copy (larger messages go in pieces, with MSG_MORE on a
  * TCP_NODELAY socket: see build_client, flush). --timeout-ms is this
  * tool's own deadline for a whole session (the engine's per-command timeouts are off: its
@@ -590,10 +591,16 @@ static int flush(struct session *s)
             iov[i].iov_base = (void *)(uintptr_t)sp[i].ptr; /* sendmsg only reads it */
             iov[i].iov_len = sp[i].len;
         }
-        memset(&mh, 0, sizeof mh);
-        mh.msg_iov = iov;
-        mh.msg_iovlen = k;
-        ssize_t n = sendmsg(s->fd, &mh, MSG_NOSIGNAL | (s->content_pending ? MSG_MORE : 0));
+        ssize_t n;
+        int flags = MSG_NOSIGNAL | (s->content_pending ? MSG_MORE : 0);
+        if (k == 1) { /* send(2): the kernel need not copy in a msghdr and an iovec */
+            n = send(s->fd, sp[0].ptr, sp[0].len, flags);
+        } else {
+            memset(&mh, 0, sizeof mh);
+            mh.msg_iov = iov;
+            mh.msg_iovlen = k;
+            n = sendmsg(s->fd, &mh, flags);
+        }
         if (n < 0) {
             if (errno == EINTR)
                 continue;
