@@ -578,8 +578,6 @@ static int flush(struct session *s)
 {
     for (;;) {
         smtpe_span sp[16];
-        struct iovec iov[16];
-        struct msghdr mh;
         size_t k = smtpe_client_send_iov(s->client, sp, 16);
         if (k == 0)
             return 1;
@@ -587,15 +585,17 @@ static int flush(struct session *s)
             s->step = ST_EHLO;
             opening--;
         }
-        for (size_t i = 0; i < k; i++) {
-            iov[i].iov_base = (void *)(uintptr_t)sp[i].ptr; /* sendmsg only reads it */
-            iov[i].iov_len = sp[i].len;
-        }
         ssize_t n;
         int flags = MSG_NOSIGNAL | (s->content_pending ? MSG_MORE : 0);
         if (k == 1) { /* send(2): the kernel need not copy in a msghdr and an iovec */
             n = send(s->fd, sp[0].ptr, sp[0].len, flags);
         } else {
+            struct iovec iov[16];
+            struct msghdr mh;
+            for (size_t i = 0; i < k; i++) {
+                iov[i].iov_base = (void *)(uintptr_t)sp[i].ptr; /* sendmsg only reads it */
+                iov[i].iov_len = sp[i].len;
+            }
             memset(&mh, 0, sizeof mh);
             mh.msg_iov = iov;
             mh.msg_iovlen = k;

@@ -36,13 +36,10 @@ import time
 
 OLD_COMMIT = "a6f84c7"  # the last commit whose smtpe-loadgen had its own protocol code
 
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+# the integration tests' helpers (free_port) serve here too
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "integration"))
+from peers import free_port  # noqa: E402
 
 
 def pin(cpu):
