@@ -1,0 +1,49 @@
+# frozen_string_literal: true
+
+module Smtpe
+  # A reply a handler gives as its verdict: code 200..599, enhanced status code ("5.1.1", nil:
+  # derived from the code's class), text (nil: the engine's default; "\n" separates lines).
+  Reply = Struct.new(:code, :enhanced, :text)
+  class Reply
+    singleton_class.send(:remove_method, :[])
+    # A frozen Reply: Smtpe::Reply[550, "5.1.1", "No such user"].
+    def self.[](code, enhanced = nil, text = nil) = new(code, enhanced, text).freeze
+  end
+
+  # A message whose content has ended: what Handler#on_data decides on.
+  # reverse_path:: the Smtpe::Path of MAIL
+  # recipients:: frozen Array of the accepted forward-paths (Smtpe::Path), in order
+  # content:: the content as received (a binary String, CRLF line ends, dot-unstuffed)
+  # peer:: the client's address ("192.0.2.1:40000"), helo: its HELO/EHLO argument
+  Message = Struct.new(:reverse_path, :recipients, :content, :peer, :helo, :chunked)
+
+  # The object a server asks for verdicts. Subclass it and override what you need; every method
+  # returns a verdict:
+  # - nil, true or :accept: the engine's positive reply (250, 354, ...);
+  # - an Integer code (550), [code, enhanced, text], or a Smtpe::Reply;
+  # - for on_data under LMTP, an Array of verdicts, one per recipient (or one for all).
+  # A method may block (a lookup, a sleep): under a Fiber scheduler only its Fiber waits.
+  # Methods are called for one session at a time from that session's Thread, Fiber or Ractor:
+  # a handler shared by sessions on several threads keeps its own state thread-safe, and the
+  # ractors model makes one handler per Ractor (Handler#dup or the factory you give).
+  class Handler
+    # A new connection from peer ("addr:port"). A refusal (421, 554) closes it at once.
+    def on_connect(peer) = nil
+    # HELO/EHLO/LHLO (Event::Helo).
+    def on_helo(event) = nil
+    # MAIL FROM: (Event::Mail).
+    def on_mail(event) = nil
+    # RCPT TO: (Event::Rcpt).
+    def on_rcpt(event) = nil
+    # AUTH (Event::Auth): refused unless overridden.
+    def on_auth(event) = Reply[535, "5.7.8", "Authentication credentials invalid"]
+    # The message is complete (Smtpe::Message): accept only once it is stored durably.
+    def on_data(message) = nil
+    # VRFY/EXPN/unknown verbs: the engine's default answers.
+    def on_vrfy(event) = nil
+    def on_expn(event) = nil
+    def on_unknown(event) = nil
+    # The session ended (reason a Symbol: :quit, :timeout, :error_limit, :eof, :closed).
+    def on_close(reason) = nil
+  end
+end

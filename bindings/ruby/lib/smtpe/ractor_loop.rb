@@ -1,0 +1,139 @@
+# frozen_string_literal: true
+
+module Smtpe
+  class Server
+    # The event loop of one Ractor under the :ractors model: its own SO_REUSEPORT listener and
+    # IO.select over its connections, each a sans-I/O driver. No Fiber keeps a session's state
+    # (the engine does), so nothing here needs Fibers, which Ruby 3.1 cannot run in several
+    # Ractors. Replies wait reply_delay before they go (a timer, not a sleep); a connection
+    # whose replies wait is not read meanwhile, as a client waits for its replies.
+    class RactorLoop
+      Conn = Struct.new(:io, :driver, :out, :write_at)
+      READ_SIZE = 16_384
+
+      def initialize(host, port, factory, delay)
+        @host = host
+        @port = port
+        @factory = factory
+        @delay_ms = (delay * 1000).round
+        @conns = {}
+        @rbuf = String.new(capacity: READ_SIZE, encoding: Encoding::BINARY)
+      end
+
+      # Listens, says :ready (Ractor.yield), then serves until the process ends.
+      def run
+        addr = Addrinfo.tcp(@host, @port)
+        @listener = Socket.new(addr.afamily, :STREAM, 0)
+        @listener.setsockopt(:SOCKET, :REUSEADDR, true)
+        @listener.setsockopt(:SOCKET, :REUSEPORT, true)
+        @listener.bind(addr)
+        @listener.listen(4096)
+        Ractor.yield(:ready)
+        loop { turn }
+      end
+
+      private
+
+      def turn
+        readers, writers, next_at = interest(Smtpe.now_ms)
+        timeout = next_at && [(next_at - Smtpe.now_ms) / 1000.0, 0].max
+        r, w = IO.select(readers, writers, nil, timeout)
+        now = Smtpe.now_ms
+        r&.each { |io| io.equal?(@listener) ? accept_all(now) : (c = @conns[io]) && read(c, now) }
+        w&.each { |io| (c = @conns[io]) && flush(c) }
+        timers(now)
+      end
+
+      # What to wait for: readable connections with no reply waiting, writable ones with
+      # replies due, and the earliest timer (a reply's delay, a session's deadline).
+      def interest(now)
+        readers = [@listener]
+        writers = []
+        next_at = nil
+        @conns.each_value do |c|
+          if c.out.empty?
+            readers << c.io
+          elsif c.write_at && c.write_at > now
+            next_at = c.write_at if next_at.nil? || c.write_at < next_at
+          else
+            writers << c.io
+          end
+          dl = c.driver.deadline
+          next_at = dl if dl && (next_at.nil? || dl < next_at)
+        end
+        [readers, writers, next_at]
+      end
+
+      def timers(now)
+        @conns.values.each do |c|
+          flush(c) if c.write_at && c.write_at <= now && !c.out.empty?
+          next unless @conns.key?(c.io)
+
+          dl = c.driver.deadline
+          queue(c, c.driver.expire(now), now) if dl && dl <= now
+        end
+      end
+
+      def accept_all(now)
+        loop do
+          sock, = @listener.accept_nonblock(exception: false)
+          return if sock == :wait_readable
+
+          sock.setsockopt(:TCP, :NODELAY, true)
+          c = Conn.new(sock, @factory.call(sock.remote_address.inspect_sockaddr),
+                       String.new(encoding: Encoding::BINARY), nil)
+          @conns[sock] = c
+          queue(c, c.driver.start(now), now)
+        end
+      end
+
+      def read(c, now)
+        data = c.io.read_nonblock(READ_SIZE, @rbuf, exception: false)
+        return if data == :wait_readable
+
+        if data.nil?
+          c.driver.eof(now)
+          return drop(c)
+        end
+        queue(c, c.driver.receive(data, now), now)
+      rescue IOError, SystemCallError
+        c.driver.eof(now)
+        drop(c)
+      end
+
+      # out is the driver's reused String: copied behind what waits.
+      def queue(c, out, now)
+        unless out.empty?
+          c.write_at = now + @delay_ms if c.out.empty? && @delay_ms.positive?
+          c.out << out
+        end
+        if c.out.empty?
+          drop(c) if c.driver.closed?
+        elsif c.write_at.nil?
+          flush(c)
+        end
+      end
+
+      def flush(c)
+        n = c.io.write_nonblock(c.out, exception: false)
+        return if n == :wait_writable
+
+        c.out.slice!(0, n)
+        return unless c.out.empty?
+
+        c.write_at = nil
+        drop(c) if c.driver.closed?
+      rescue IOError, SystemCallError
+        c.driver.eof(Smtpe.now_ms)
+        drop(c)
+      end
+
+      def drop(c)
+        @conns.delete(c.io)
+        c.io.close
+      rescue IOError, SystemCallError
+        nil
+      end
+    end
+  end
+end

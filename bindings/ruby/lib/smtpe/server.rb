@@ -1,0 +1,198 @@
+# frozen_string_literal: true
+
+require "socket"
+require_relative "connection"
+require_relative "server_driver"
+
+module Smtpe
+  # A complete SMTP/LMTP server on the engine, under one of the Ruby study's concurrency models:
+  #
+  # :threads:: a Thread per connection
+  # :fibers:: one process, a Fiber per connection on the async gem's Fiber scheduler
+  # :prefork:: +workers+ forked processes sharing the listener, each with its own scheduler
+  # :ractors:: +workers+ Ractors in one process, each with its own SO_REUSEPORT listener and its
+  #            own event loop (IO.select over sans-I/O sessions; no Fibers: Ruby 3.1 cannot run
+  #            Fibers in several Ractors, and the engine keeps each session's state anyway)
+  #
+  #   server = Smtpe::Server.new(listen: "127.0.0.1:2525", handler: MyHandler.new,
+  #                              config: Smtpe::ServerConfig.new(hostname: "mx.example"))
+  #   server.run   # blocks; Server#stop (or a signal) ends it
+  #
+  # The driver factory (a Proc taking the peer address and returning a driver: see
+  # ServerDriver for the methods) defaults to the engine; the benchmark passes the pure-Ruby
+  # baseline's instead. Under :ractors the handler and the factory must be shareable
+  # (Ractor.make_shareable: a handler whose state is frozen), since every Ractor uses them.
+  class Server
+    MODELS = %i[threads fibers prefork ractors].freeze
+
+    attr_reader :address
+
+    # listen:: "host:port" ("[::1]:25"; port 0 picks one: see #address)
+    # handler:: a Smtpe::Handler; config:: a Smtpe::ServerConfig
+    # model:: one of MODELS; workers:: processes (prefork) or Ractors (ractors)
+    # reply_delay_ms:: wait before each write (the study's simulated work)
+    # tls_context:: an OpenSSL::SSL::SSLContext for STARTTLS (config needs :starttls)
+    # driver:: a Proc(peer) -> driver, instead of a ServerDriver on handler and config
+    # on_listening:: called with the address once every listener is up
+    def initialize(listen:, handler: Handler.new, config: ServerConfig.new, model: :threads,
+                   workers: 2, reply_delay_ms: 0, tls_context: nil, driver: nil,
+                   on_listening: nil)
+      raise ArgumentError, "model: one of #{MODELS.join(", ")}" unless MODELS.include?(model)
+
+      @host, @port = Server.parse_address(listen)
+      @model = model
+      @workers = workers
+      @delay = reply_delay_ms / 1000.0
+      @tls_context = tls_context
+      @on_listening = on_listening
+      Ractor.make_shareable(handler) if model == :ractors
+      @factory = driver || Server.driver_factory(ServerDriver, config: config, handler: handler,
+                                                                tls: !tls_context.nil? && model != :ractors)
+      @stopping = false
+      @children = []
+    end
+
+    # A driver factory for #new's driver: a Proc(peer) -> klass.new(peer: peer, **kwargs). Made
+    # here, where self is a class, so that under :ractors it can be shared (kwargs must be
+    # shareable then: frozen config, frozen handler).
+    def self.driver_factory(klass, **kwargs)
+      kwargs.freeze
+      ->(peer) { klass.new(peer: peer, **kwargs) }
+    end
+
+    # "host:port" -> [host, port]; raises ArgumentError.
+    def self.parse_address(text)
+      m = /\A(?:\[([^\]]+)\]|([^:\[\]]+)):(\d+)\z/.match(text) or
+        raise ArgumentError, "listen: HOST:PORT expected, got #{text.inspect}"
+      [m[1] || m[2], Integer(m[3], 10)]
+    end
+
+    # Runs until #stop (or SIGINT/SIGTERM when the caller traps them to call #stop).
+    def run
+      send(:"run_#{@model}")
+    end
+
+    # Ends #run: the listeners close; sessions under way are cut.
+    def stop
+      @stopping = true
+      @children.each { |pid| Process.kill(:TERM, pid) rescue nil } # rubocop:disable Style/RescueModifier
+      @listener&.close rescue nil # rubocop:disable Style/RescueModifier
+    end
+
+    private
+
+    def listen_tcp(reuseport: false)
+      addr = Addrinfo.tcp(@host, @port)
+      sock = Socket.new(addr.afamily, :STREAM, 0)
+      sock.setsockopt(:SOCKET, :REUSEADDR, true)
+      sock.setsockopt(:SOCKET, :REUSEPORT, true) if reuseport
+      sock.bind(addr)
+      sock.listen(4096)
+      sock
+    end
+
+    def listening(sock)
+      @address = "#{@host.include?(":") ? "[#{@host}]" : @host}:#{sock.local_address.ip_port}"
+      @on_listening&.call(@address)
+    end
+
+    def accept(listener)
+      loop do
+        sock, = listener.accept_nonblock(exception: false)
+        return sock unless sock == :wait_readable
+
+        listener.wait_readable
+      end
+    end
+
+    def serve(sock)
+      sock.setsockopt(:TCP, :NODELAY, true)
+      peer = sock.remote_address.inspect_sockaddr
+      Connection.new(sock, @factory.call(peer), tls_context: @tls_context, reply_delay: @delay).run
+    rescue StandardError => e
+      warn "smtpe: session #{peer}: #{e.class}: #{e.message}"
+      sock.close rescue nil # rubocop:disable Style/RescueModifier
+    end
+
+    def run_threads
+      @listener = listen_tcp
+      listening(@listener)
+      until @stopping
+        sock = accept(@listener)
+        Thread.new(sock) { |s| serve(s) }
+      end
+    rescue IOError, Errno::EBADF
+      raise unless @stopping
+    end
+
+    def fiber_loop(listener)
+      require "async"
+      Async do |task|
+        until @stopping
+          sock = accept(listener)
+          task.async { serve(sock) }
+        end
+      rescue IOError, Errno::EBADF
+        raise unless @stopping
+      end
+    end
+
+    def run_fibers
+      @listener = listen_tcp
+      listening(@listener)
+      fiber_loop(@listener)
+    end
+
+    def run_prefork
+      @listener = listen_tcp
+      @children = Array.new(@workers) do
+        fork do
+          %i[INT TERM].each { |sig| trap(sig) { exit!(0) } }
+          fiber_loop(@listener)
+          exit!(0)
+        end
+      end
+      listening(@listener)
+      @children.each { |pid| Process.wait(pid) rescue nil } # rubocop:disable Style/RescueModifier
+    end
+
+    def run_ractors
+      factory = Ractor.make_shareable(@factory)
+      # the port first (a bound socket that never listens takes no connections), then one
+      # listener per Ractor on it
+      probe = listen_probe
+      port = probe.local_address.ip_port
+      host = @host
+      delay = @delay
+      ractors = Array.new(@workers) do
+        Ractor.new(host, port, factory, delay) do |h, p, f, d|
+          Smtpe::Server::RactorLoop.new(h, p, f, d).run
+        end
+      end
+      ractors.each(&:take) # each says :ready once it listens
+      probe.close
+      listening_port(port)
+      until @stopping
+        r, = Ractor.select(*ractors)
+        ractors.delete(r)
+        break if ractors.empty?
+      end
+    end
+
+    def listen_probe
+      addr = Addrinfo.tcp(@host, @port)
+      sock = Socket.new(addr.afamily, :STREAM, 0)
+      sock.setsockopt(:SOCKET, :REUSEADDR, true)
+      sock.setsockopt(:SOCKET, :REUSEPORT, true)
+      sock.bind(addr)
+      sock
+    end
+
+    def listening_port(port)
+      @address = "#{@host.include?(":") ? "[#{@host}]" : @host}:#{port}"
+      @on_listening&.call(@address)
+    end
+  end
+end
+
+require_relative "ractor_loop"
