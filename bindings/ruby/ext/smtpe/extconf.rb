@@ -8,6 +8,9 @@
 # compiler, nothing else.
 require "mkmf"
 
+# CC=clang (or any compiler) from the environment, as the tests' clang and sanitizer builds use
+RbConfig::MAKEFILE_CONFIG["CC"] = ENV["CC"] if ENV["CC"] && !ENV["CC"].empty?
+
 vendor = File.join(__dir__, "vendor")
 unless File.exist?(File.join(vendor, "smtpe.c"))
   abort "smtpe: #{vendor}/smtpe.c is missing; run bindings/ruby/vendor.sh first"

@@ -551,7 +551,7 @@ static void drain(rb_server *r, VALUE sink)
  * the output sent (#take_output), or a verdict (#reply, #accept) for an event already given.
  * Call it again after each of those; feed("", now_ms) only takes events (after
  * #handle_expiry, say). sink: a String, or nil to drop content. now_ms: the monotonic clock
- * in ms; a completed command restarts the timeouts from it. The events of one read are all
+ * in ms; a completed command restarts the timeouts from it. An empty sink is made binary. The events of one read are all
  * taken before the next octets are fed (content spans die then), so a sink gets a message's
  * content before the DataEnd event is returned. Raises TypeError, FrozenError (inbuf).
  */
@@ -562,11 +562,14 @@ static VALUE session_feed(int argc, VALUE *argv, VALUE self)
     rb_server *r = get_session(self);
     uint64_t now = rb_smtpe_now(now_ms);
     StringValue(inbuf);
+    rb_check_frozen(inbuf);
     if (!NIL_P(sink)) {
         StringValue(sink);
         rb_str_modify(sink);
         if (sink == inbuf)
             rb_raise(rb_eArgError, "sink must not be inbuf");
+        if (RSTRING_LEN(sink) == 0)
+            rb_enc_associate(sink, rb_ascii8bit_encoding());
     }
     drain(r, sink);
     for (;;) {
@@ -675,8 +678,10 @@ static VALUE session_accept_id(VALUE self, VALUE id)
  */
 static VALUE session_close(int argc, VALUE *argv, VALUE self)
 {
-    VALUE code = INT2FIX(421), enhanced = Qnil, text = Qnil;
+    VALUE code, enhanced, text;
     rb_scan_args(argc, argv, "03", &code, &enhanced, &text);
+    if (NIL_P(code))
+        code = INT2FIX(421);
     rb_server *r = get_session(self);
     unsigned c = reply_code(code);
     const char *e = opt_cstr(&enhanced), *t = opt_cstr(&text);

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The Ruby gem's tests (tests/run.sh runs this): builds the extension with gcc, runs every
+# bindings/ruby/test/test_*.rb under minitest (warnings on), then again with the extension built
+# by clang with AddressSanitizer + UndefinedBehaviorSanitizer (the binding and GC.stress tests:
+# the engine's memory and every span copied out), then builds the gem, installs it into a
+# temporary GEM_HOME and requires it from a clean process (test_gem.rb).
+# Usage: bindings/ruby/test/run.sh   (from anywhere; needs ruby, ruby-dev, ruby-async, minitest)
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$here"
+
+ext=$(test/build_ext.sh)
+echo "ruby: extension built in $ext (gcc)"
+status=0
+for t in test/test_*.rb; do
+    echo "==> ruby -w $t"
+    ruby -w -I"$ext" -Ilib "$t" || status=1
+done
+
+# the same binding tests against an ASan+UBSan build of the extension (clang's runtime preloaded:
+# ruby itself is not instrumented; leak checks off, as the interpreter keeps memory at exit)
+asan_rt=$(clang -print-file-name=libclang_rt.asan-x86_64.so 2>/dev/null || true)
+if [[ -f "$asan_rt" ]]; then
+    asan_ext=$(SMTPE_RUBY_EXT_DIR="$here/tmp/ext-asan" CC=clang \
+        SMTPE_EXTRA_CFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" \
+        SMTPE_EXTRA_LDFLAGS="-fsanitize=address,undefined" test/build_ext.sh)
+    for t in test/test_server_binding.rb test/test_client_binding.rb; do
+        [[ -f "$t" ]] || continue
+        echo "==> ASan+UBSan: ruby $t"
+        LD_PRELOAD="$asan_rt" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
+            UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+            ruby -I"$asan_ext" -Ilib "$t" || status=1
+    done
+else
+    echo "ruby: no clang ASan runtime; the sanitizer pass is skipped" >&2
+    status=1
+fi
+exit "$status"
