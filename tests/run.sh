@@ -5,6 +5,8 @@
 #   build/        gcc,   warnings as errors; then tests/packaging/run.sh build (install,
 #                 pkg-config, find_package, add_subdirectory/FetchContent, the amalgamation
 #                 alone with gcc and clang, smtpe.h as C++)
+#   bindings/ruby/test/run.sh  the Ruby gem: minitest under ruby -w, the binding tests again
+#                 against an ASan+UBSan build of the extension, gem build + install
 #   build-amalgamation/  gcc, the engine built from the amalgamation (SMTPE_TEST_AMALGAMATION):
 #                 the unit, transcript and fuzz-regression tests only
 #   build-clang/  clang, warnings as errors
@@ -95,6 +97,9 @@ run_step "gcc: configure" configure build gcc -DSMTPE_WERROR=ON -DCMAKE_BUILD_TY
 run_step "gcc: build" cmake --build build -j "$JOBS"
 run_step "gcc: ctest" run_ctest build
 run_step "packaging (tests/packaging/run.sh)" bash tests/packaging/run.sh build
+# needs build/'s smtpe-server and smtpe-send for the client and integration tests
+run_step "ruby gem (bindings/ruby/test/run.sh)" env SMTPE_BUILD_DIR="$ROOT/build" \
+    bash bindings/ruby/test/run.sh
 
 run_step "amalgamation: configure" configure build-amalgamation gcc -DSMTPE_WERROR=ON \
     -DSMTPE_TEST_AMALGAMATION=ON -DSMTPE_BUILD_SERVER=OFF

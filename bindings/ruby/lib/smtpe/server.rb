@@ -128,6 +128,11 @@ module Smtpe
     def fiber_loop(listener)
       require "async"
       Async do |task|
+        # #stop from another Thread or a trap cannot wake the reactor: look every 100 ms
+        task.async do
+          sleep(0.1) until @stopping
+          task.stop
+        end
         until @stopping
           sock = accept(listener)
           task.async { serve(sock) }

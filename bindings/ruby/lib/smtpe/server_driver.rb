@@ -50,6 +50,7 @@ module Smtpe
       if code && code >= 400
         v = reply_parts(verdict)
         @session.close(v[0], v[1], v[2])
+        finish(:closed)
       end
       output
     end
