@@ -81,7 +81,8 @@ server = Smtpe::Server.new(
 %w[INT TERM].each do |sig|
   trap(sig) do
     server.stop
-    exit!(0) if opts[:model] == :ractors
+    exit!(0) if %i[threads ractors].include?(opts[:model]) # a blocked accept or Ractor.select
+                                                           # does not see the listener close
   end
 end
 begin

@@ -871,6 +871,7 @@ static void init_values(VALUE mSmtpe)
 
 void rb_smtpe_init_server(VALUE mSmtpe)
 {
+    mSmtpe = rb_define_module("Smtpe"); /* the same module; lets RDoc see the classes */
     init_values(mSmtpe);
     rb_define_const(mSmtpe, "WANT_READ", UINT2NUM(SMTPE_WANT_READ));
     rb_define_const(mSmtpe, "WANT_WRITE", UINT2NUM(SMTPE_WANT_WRITE));

@@ -156,11 +156,6 @@ static VALUE m_engine_version(VALUE self)
     return rb_obj_freeze(rb_usascii_str_new_cstr(smtpe_version_string()));
 }
 
-/* TEMPORARY while the two halves are written: weak empty inits, replaced by rb_server.c and
- * rb_client.c. */
-__attribute__((weak)) void rb_smtpe_init_server(VALUE m) { (void)m; }
-__attribute__((weak)) void rb_smtpe_init_client(VALUE m) { (void)m; }
-
 RUBY_FUNC_EXPORTED void Init_smtpe(void)
 {
 #ifdef HAVE_RB_EXT_RACTOR_SAFE
