@@ -42,6 +42,7 @@ begin
   raise OptionParser::InvalidArgument, "give --dir DIR or --sink" unless opts[:dir].nil? ^ opts[:sink].nil?
   raise OptionParser::InvalidArgument, "--workers must be at least 1" if opts[:workers] < 1
   raise OptionParser::InvalidArgument, "--lmtp needs --protocol smtpe" if opts[:lmtp] && opts[:protocol] == "ruby"
+  raise OptionParser::InvalidArgument, "--tls-cert: no STARTTLS under --model ractors" if opts[:cert] && opts[:model] == :ractors
 rescue OptionParser::ParseError => e
   warn "server.rb: #{e.message}", parser.help
   exit 2
@@ -75,7 +76,7 @@ end
 server = Smtpe::Server.new(
   listen: opts[:listen], handler: handler, config: config, model: opts[:model],
   workers: opts[:workers], reply_delay_ms: opts[:reply_delay_ms],
-  tls_context: opts[:model] == :ractors ? nil : tls_context, driver: driver,
+  tls_context: tls_context, driver: driver,
   on_listening: ->(addr) { warn "listening on #{addr}" }
 )
 %w[INT TERM].each do |sig|

@@ -42,22 +42,26 @@ module Smtpe
 
     private
 
-    # One read (or the deadline): the driver's output, or nil at EOF.
+    # One read (or the deadline): the driver's output, or nil at EOF. It waits before it reads:
+    # in a request-reply protocol the peer's next octets are rarely there yet when our reply
+    # has just gone, so a read first would mostly cost a failed read(2) (TLS may hold octets
+    # already decrypted: then it reads first).
     def step
+      raw = @io.to_io
       loop do
+        unless @io.is_a?(OpenSSL::SSL::SSLSocket) && @io.pending.positive?
+          deadline = @driver.deadline
+          wait = deadline && [(deadline - Smtpe.now_ms) / 1000.0, 0].max
+          return @driver.expire(Smtpe.now_ms) unless raw.wait_readable(wait)
+        end
         data = @io.read_nonblock(READ_SIZE, @buf, exception: false)
         case data
         when nil
           @driver.eof(Smtpe.now_ms)
           return nil
-        when :wait_readable, :wait_writable
-          deadline = @driver.deadline
-          wait = deadline && [(deadline - Smtpe.now_ms) / 1000.0, 0].max
-          raw = @io.to_io
-          ready = data == :wait_readable ? raw.wait_readable(wait) : raw.wait_writable(wait)
-          return @driver.expire(Smtpe.now_ms) unless ready
-        else
-          return @driver.receive(data, Smtpe.now_ms)
+        when :wait_readable then next
+        when :wait_writable then raw.wait_writable(30) or raise IOError, "TLS write timed out"
+        else return @driver.receive(data, Smtpe.now_ms)
         end
       end
     end
