@@ -3,7 +3,8 @@
 # bindings/ruby/test/test_*.rb under minitest (warnings on), then again with the extension built
 # by clang with AddressSanitizer + UndefinedBehaviorSanitizer (the binding and GC.stress tests:
 # the engine's memory and every span copied out), then builds the gem, installs it into a
-# temporary GEM_HOME and requires it from a clean process (test_gem.rb).
+# temporary GEM_HOME and requires it from a clean process (test_gem.rb), and, given
+# SMTPE_BUILD_DIR (a CMake build with smtpe-server and smtpe-loadgen), smokes bench/run.sh.
 # Usage: bindings/ruby/test/run.sh   (from anywhere; needs ruby, ruby-dev, ruby-async, minitest)
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -34,5 +35,11 @@ if [[ -f "$asan_rt" ]]; then
 else
     echo "ruby: no clang ASan runtime; the sanitizer pass is skipped" >&2
     status=1
+fi
+# the benchmark's plumbing (bench/run.sh --smoke: a few hundred sessions per row, no figures
+# kept) when a build of smtpe-server and smtpe-loadgen is given (tests/run.sh gives build/)
+if [[ -n "${SMTPE_BUILD_DIR:-}" && -x "$SMTPE_BUILD_DIR/tests/bench/smtpe-loadgen" ]]; then
+    echo "==> bench/run.sh --smoke"
+    bench/run.sh --smoke --build "$SMTPE_BUILD_DIR" --no-build || status=1
 fi
 exit "$status"

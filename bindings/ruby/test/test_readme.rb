@@ -37,8 +37,8 @@ class TestReadme < Minitest::Test
         Timeout.timeout(20) { err.each_line { |l| break if l.include?("listening on") } }
         out, status = Timeout.timeout(20) { Open3.capture2e(RbConfig.ruby, *load_path_args, "send.rb", chdir: dir) }
         assert status.success?, out
-        assert_equal ["who@example.net: permanent 550 5.1.1 No such user",
-                      "you@example.com: delivered 250 2.0.0 Ok"], out.lines.map(&:chomp)
+        assert_equal ["you@example.com: delivered 250 2.0.0 Ok",
+                      "who@example.net: permanent 550 5.1.1 No such user"], out.lines.map(&:chomp)
         files = Dir[File.join(dir, "var/ruby-maildir/new/*")]
         assert_equal 1, files.size
         assert_equal "Return-Path: <me@example.org>\r\nSubject: hi\r\n\r\nHello\r\n", File.binread(files[0])

@@ -645,9 +645,8 @@ static VALUE session_accept(VALUE self)
 /*
  * call-seq:
  *   session.reply_id(id, code, enhanced = nil, text = nil) -> nil or :voided
- *   session.accept_id(id) -> nil or :voided
  *
- * #reply and #accept for the event whose #id is id, in any order (config
+ * #reply for the event whose #id is id, in any order (config
  * max_pending_verdicts > 1: the RCPTs of a pipelined batch wait together; replies still leave
  * in command order, RFC 2920 §3.1). Raises as #reply.
  */
@@ -662,6 +661,11 @@ static VALUE session_reply_id(int argc, VALUE *argv, VALUE self)
     return verdict_result(smtpe_server_reply_id(r->s, i, c, e, t), "ServerSession#reply_id");
 }
 
+/*
+ * call-seq: session.accept_id(id) -> nil or :voided
+ *
+ * #accept for the event whose #id is id (see #reply_id). Raises Smtpe::StateError.
+ */
 static VALUE session_accept_id(VALUE self, VALUE id)
 {
     rb_server *r = get_session(self);
@@ -873,12 +877,19 @@ void rb_smtpe_init_server(VALUE mSmtpe)
 {
     mSmtpe = rb_define_module("Smtpe"); /* the same module; lets RDoc see the classes */
     init_values(mSmtpe);
+    /* #want bit: the engine would consume input now. */
     rb_define_const(mSmtpe, "WANT_READ", UINT2NUM(SMTPE_WANT_READ));
+    /* #want bit: output is queued (#take_output gives octets). */
     rb_define_const(mSmtpe, "WANT_WRITE", UINT2NUM(SMTPE_WANT_WRITE));
+    /* #want bit: the session is over; close once the output is written. */
     rb_define_const(mSmtpe, "WANT_CLOSE", UINT2NUM(SMTPE_WANT_CLOSE));
+    /* #want bit: an event given out waits for the host's answer. */
     rb_define_const(mSmtpe, "WANT_VERDICT", UINT2NUM(SMTPE_WANT_VERDICT));
+    /* #want bit: an event waits to be taken. */
     rb_define_const(mSmtpe, "WANT_EVENT", UINT2NUM(SMTPE_WANT_EVENT));
+    /* #want bit: run the TLS handshake now (RFC 3207). */
     rb_define_const(mSmtpe, "WANT_TLS", UINT2NUM(SMTPE_WANT_TLS));
+    /* #want bit (client): ClientSession#content would consume octets now. */
     rb_define_const(mSmtpe, "WANT_CONTENT", UINT2NUM(SMTPE_WANT_CONTENT));
 
     /* Document-class: Smtpe::ServerConfig

@@ -167,6 +167,7 @@ RUBY_FUNC_EXPORTED void Init_smtpe(void)
     /* Document-class: Smtpe::Error
      * The base of every error the engine reports; #code is its SMTPE_ERR_* number. */
     rb_smtpe_eError = rb_define_class_under(rb_smtpe_mSmtpe, "Error", rb_eStandardError);
+    /* The SMTPE_ERR_* number (include/smtpe.h): -501 invalid argument, -502 state, ... */
     rb_define_attr(rb_smtpe_eError, "code", 1, 0);
     /* A bad value for the call (a bad reply code, a control character in a text). */
     eInvalidArgument = rb_define_class_under(rb_smtpe_mSmtpe, "InvalidArgument", rb_smtpe_eError);
@@ -174,6 +175,7 @@ RUBY_FUNC_EXPORTED void Init_smtpe(void)
     eStateError = rb_define_class_under(rb_smtpe_mSmtpe, "StateError", rb_smtpe_eError);
     /* A reply over the engine's limits (lines, octets). */
     eReplyTooLong = rb_define_class_under(rb_smtpe_mSmtpe, "ReplyTooLong", rb_smtpe_eError);
+    /* Caller memory too small (not raised by the binding, which sizes every session itself). */
     eBufferTooSmall = rb_define_class_under(rb_smtpe_mSmtpe, "BufferTooSmall", rb_smtpe_eError);
     /* The allocator failed. */
     eNoMemory = rb_define_class_under(rb_smtpe_mSmtpe, "NoMemory", rb_smtpe_eError);

@@ -11,6 +11,7 @@ module Smtpe
   # its waits are IO#wait_readable and IO#write, so under a Fiber scheduler (the async gem) only
   # this connection's Fiber waits; under threads, only its Thread.
   class Connection
+    # Octets asked for by each read.
     READ_SIZE = 16_384
 
     # io:: a connected socket; driver:: the session; tls_context:: an

@@ -7,33 +7,51 @@
 # This file is plain Ruby (no extension needed), so that code that only looks at events (the
 # pure-Ruby baseline, tests) can load it alone.
 module Smtpe
+  Path = Struct.new(:mailbox, :local_part, :domain, :flags)
   # A reverse-path or forward-path (RFC 5321 §4.1.2).
   #
   # mailbox:: local-part "@" domain as sent (quotes kept), "" for the null path <>
   # local_part:: as sent; "postmaster" for <postmaster>
   # domain:: the domain or address-literal with its brackets; "" for <> and <postmaster>
   # flags:: Integer, Path::NULL | POSTMASTER | QUOTED | ADDR_LITERAL | SOURCE_ROUTE | UTF8
-  Path = Struct.new(:mailbox, :local_part, :domain, :flags)
   class Path
+    # flags: the null reverse-path <>
     NULL = 1
+    # flags: <postmaster> without a domain (RFC 5321 §4.5.1)
     POSTMASTER = 2
+    # flags: the local-part is a quoted-string
     QUOTED = 4
+    # flags: the domain is an address-literal
     ADDR_LITERAL = 8
+    # flags: an obsolete source route was given and dropped (RFC 5321 §4.1.2)
     SOURCE_ROUTE = 16
+    # flags: non-ASCII UTF-8 in the mailbox (RFC 6531)
     UTF8 = 32
 
     # the null reverse-path <>
-    def null? = flags.anybits?(NULL)
+    def null?
+      flags.anybits?(NULL)
+    end
     # <postmaster> without a domain
-    def postmaster? = flags.anybits?(POSTMASTER)
+    def postmaster?
+      flags.anybits?(POSTMASTER)
+    end
     # the local-part is a quoted-string
-    def quoted? = flags.anybits?(QUOTED)
+    def quoted?
+      flags.anybits?(QUOTED)
+    end
     # the domain is an address-literal ([192.0.2.1])
-    def address_literal? = flags.anybits?(ADDR_LITERAL)
+    def address_literal?
+      flags.anybits?(ADDR_LITERAL)
+    end
     # the mailbox holds non-ASCII UTF-8 (RFC 6531)
-    def utf8? = flags.anybits?(UTF8)
+    def utf8?
+      flags.anybits?(UTF8)
+    end
     # the mailbox, "" for <>
-    def to_s = mailbox
+    def to_s
+      mailbox
+    end
   end
 
   # Server engine events (Smtpe::ServerSession#feed). Each class has #type, a Symbol. id is the
@@ -66,6 +84,7 @@ module Smtpe
     Rset = define(:rset, :abandoned)
     # VRFY and EXPN (argument as sent). Need a verdict (accept: 252).
     Vrfy = define(:vrfy, :argument)
+    # EXPN (argument as sent). Needs a verdict (accept: 252).
     Expn = define(:expn, :argument)
     # A verb the engine does not know. Needs a verdict (accept: 500 5.5.1).
     Unknown = define(:unknown, :verb, :argument)
@@ -73,6 +92,7 @@ module Smtpe
     Quit = define(:quit, :abandoned)
     # A timeout expired (421 4.4.2 queued) / max_errors passed (421 4.7.0 queued).
     Timeout = define(:timeout, :abandoned)
+    # max_errors passed: 421 4.7.0 queued, the session closes.
     ErrorLimit = define(:error_limit, :abandoned)
     # STARTTLS. Needs a verdict: accept, then the host runs the handshake.
     Starttls = define(:starttls)
@@ -94,6 +114,7 @@ module Smtpe
     ProxyInvalid = define(:proxy_invalid)
     # XCLIENT / XFORWARD from a trusted peer: attrs a frozen Array of [name, value]. Verdict.
     Xclient = define(:xclient, :attrs)
+    # XFORWARD from a trusted peer: attrs as for Xclient. Needs a verdict.
     Xforward = define(:xforward, :attrs)
   end
 

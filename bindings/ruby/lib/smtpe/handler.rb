@@ -1,13 +1,15 @@
 # frozen_string_literal: true
 
 module Smtpe
+  Reply = Struct.new(:code, :enhanced, :text)
   # A reply a handler gives as its verdict: code 200..599, enhanced status code ("5.1.1", nil:
   # derived from the code's class), text (nil: the engine's default; "\n" separates lines).
-  Reply = Struct.new(:code, :enhanced, :text)
   class Reply
     singleton_class.send(:remove_method, :[])
     # A frozen Reply: Smtpe::Reply[550, "5.1.1", "No such user"].
-    def self.[](code, enhanced = nil, text = nil) = new(code, enhanced, text).freeze
+    def self.[](code, enhanced = nil, text = nil)
+      new(code, enhanced, text).freeze
+    end
   end
 
   # A message whose content has ended: what Handler#on_data decides on.
@@ -28,22 +30,44 @@ module Smtpe
   # ractors model makes one handler per Ractor (Handler#dup or the factory you give).
   class Handler
     # A new connection from peer ("addr:port"). A refusal (421, 554) closes it at once.
-    def on_connect(peer) = nil
+    def on_connect(peer)
+      nil
+    end
     # HELO/EHLO/LHLO (Event::Helo).
-    def on_helo(event) = nil
+    def on_helo(event)
+      nil
+    end
     # MAIL FROM: (Event::Mail).
-    def on_mail(event) = nil
+    def on_mail(event)
+      nil
+    end
     # RCPT TO: (Event::Rcpt).
-    def on_rcpt(event) = nil
+    def on_rcpt(event)
+      nil
+    end
     # AUTH (Event::Auth): refused unless overridden.
-    def on_auth(event) = Reply[535, "5.7.8", "Authentication credentials invalid"]
+    def on_auth(event)
+      Reply[535, "5.7.8", "Authentication credentials invalid"]
+    end
     # The message is complete (Smtpe::Message): accept only once it is stored durably.
-    def on_data(message) = nil
+    def on_data(message)
+      nil
+    end
     # VRFY/EXPN/unknown verbs: the engine's default answers.
-    def on_vrfy(event) = nil
-    def on_expn(event) = nil
-    def on_unknown(event) = nil
+    def on_vrfy(event)
+      nil
+    end
+    # EXPN (Event::Expn): 252 by default.
+    def on_expn(event)
+      nil
+    end
+    # A verb the engine does not know (Event::Unknown): 500 5.5.1 by default.
+    def on_unknown(event)
+      nil
+    end
     # The session ended (reason a Symbol: :quit, :timeout, :error_limit, :eof, :closed).
-    def on_close(reason) = nil
+    def on_close(reason)
+      nil
+    end
   end
 end

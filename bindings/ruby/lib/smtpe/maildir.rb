@@ -9,6 +9,7 @@ module Smtpe
   # received (CRLF line ends), after a Return-Path: line. Its only state is frozen, so one
   # handler serves every Thread, Fiber and Ractor (Ractor.make_shareable works on it).
   class Maildir < Handler
+    # The Maildir's absolute path.
     attr_reader :dir
 
     # dir:: the Maildir (tmp/, new/ and cur/ are made when missing)

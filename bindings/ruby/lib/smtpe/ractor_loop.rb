@@ -7,7 +7,7 @@ module Smtpe
     # (the engine does), so nothing here needs Fibers, which Ruby 3.1 cannot run in several
     # Ractors. Replies wait reply_delay before they go (a timer, not a sleep); a connection
     # whose replies wait is not read meanwhile, as a client waits for its replies.
-    class RactorLoop
+    class RactorLoop # :nodoc:
       Conn = Struct.new(:io, :driver, :out, :write_at)
       READ_SIZE = 16_384
 

@@ -23,8 +23,10 @@ module Smtpe
   # baseline's instead. Under :ractors the handler and the factory must be shareable
   # (Ractor.make_shareable: a handler whose state is frozen), since every Ractor uses them.
   class Server
+    # The concurrency models #new takes.
     MODELS = %i[threads fibers prefork ractors].freeze
 
+    # "host:port" the server listens on, once #run has its listeners up (port 0 resolved).
     attr_reader :address
 
     # listen:: "host:port" ("[::1]:25"; port 0 picks one: see #address)

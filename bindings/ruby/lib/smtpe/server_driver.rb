@@ -2,7 +2,9 @@
 
 module Smtpe
   # The monotonic clock the engines take, in milliseconds.
-  def self.now_ms = Process.clock_gettime(Process::CLOCK_MONOTONIC, :millisecond)
+  def self.now_ms
+    Process.clock_gettime(Process::CLOCK_MONOTONIC, :millisecond)
+  end
 
   # One server connection, sans-I/O: the smtpe engine (ServerSession) asking a Handler for its
   # verdicts. It is what the runners (Smtpe::Server, Smtpe::Connection) drive, and what any host
@@ -20,6 +22,7 @@ module Smtpe
   # Handler#on_data as a Smtpe::Message once the engine has seen its end (CRLF.CRLF or BDAT
   # LAST): a message with bare line ends, too big, or abandoned never reaches the handler.
   class ServerDriver
+    # The Smtpe::ServerSession (the engine) and the peer address given to #new.
     attr_reader :session, :peer
 
     # config:: a Smtpe::ServerConfig; handler:: a Smtpe::Handler (or any object with its
@@ -65,10 +68,14 @@ module Smtpe
     end
 
     # True once the session is over: write the last output, then close the connection.
-    def closed? = @session.want_close?
+    def closed?
+      @session.want_close?
+    end
 
     # True when STARTTLS was accepted: write the output, run the handshake, call #tls_started.
-    def tls? = @session.want_tls?
+    def tls?
+      @session.want_tls?
+    end
 
     # TLS is up; returns the octets to send (none, usually).
     def tls_started(now)
@@ -78,7 +85,9 @@ module Smtpe
     end
 
     # The monotonic ms at which to call #expire, or nil.
-    def deadline = @session.expiry(@now)
+    def deadline
+      @session.expiry(@now)
+    end
 
     # Tells the engine the time; returns the octets to send (421 4.4.2 when it expired).
     def expire(now)
@@ -209,11 +218,23 @@ module Smtpe
       end
     end
 
-    def verdict_code(v) = normalize(v)&.first
+    def verdict_code(v)
 
-    def reply_parts(v) = normalize(v)
+      normalize(v)&.first
 
-    def accepted?(v) = (code = verdict_code(v)).nil? || (200..299).cover?(code)
+    end
+
+    def reply_parts(v)
+
+      normalize(v)
+
+    end
+
+    def accepted?(v)
+
+      (code = verdict_code(v)).nil? || (200..299).cover?(code)
+
+    end
 
     def verdict(v)
       parts = normalize(v)

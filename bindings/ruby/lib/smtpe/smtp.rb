@@ -21,7 +21,9 @@ module Smtpe
     # recipient in order) and, when the session ended with it, closed (ClientEvent::Closed).
     Result = Struct.new(:outcomes, :closed) do
       # Every recipient was accepted by the server.
-      def delivered? = outcomes.all? { |o| o.outcome == :delivered }
+      def delivered?
+        outcomes.all? { |o| o.outcome == :delivered }
+      end
     end
 
     CONFIG_KEYS = %i[lmtp tls auth_mechanism auth_authzid auth_user auth_password auth_token
@@ -49,8 +51,10 @@ module Smtpe
 
     # The session could not start or went away: closed is the ClientEvent::Closed.
     class Error < Smtpe::Error
+      # The ClientEvent::Closed that ended the session.
       attr_reader :closed
 
+      # closed:: the ClientEvent::Closed
       def initialize(closed)
         @closed = closed
         super("SMTP session ended: #{closed.reason} #{closed.code} #{closed.text}".strip)
@@ -60,6 +64,8 @@ module Smtpe
     # The server's capabilities once ready (ClientEvent::Ready).
     attr_reader :ready
 
+    # Use SMTP.start, which takes the same arguments. Connects and waits until the session is
+    # ready for mail (raises Error if it cannot be).
     def initialize(host, port, helo:, ssl_context:, open_timeout:, **opts)
       unknown = opts.keys - CONFIG_KEYS
       raise ArgumentError, "unknown keyword: #{unknown.first}" unless unknown.empty?
@@ -94,7 +100,7 @@ module Smtpe
       @pos = nil
       @session.submit(reverse_path: from, recipients: to.flatten, content: content, **txn)
       run { @done || @closed }
-      Result.new(@outcomes.freeze, @closed).freeze
+      Result.new(@outcomes.sort_by(&:index).freeze, @closed).freeze
     end
     alias sendmail send_message
 
