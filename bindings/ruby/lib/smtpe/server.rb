@@ -164,6 +164,7 @@ module Smtpe
     end
 
     def run_ractors
+      String.new(capacity: 1) # Ruby 3.1 sets String.new's keyword IDs at first use: racy in Ractors
       factory = Ractor.make_shareable(@factory)
       # the port first (a bound socket that never listens takes no connections), then one
       # listener per Ractor on it
