@@ -78,7 +78,9 @@ module Smtpe
     def stop
       @stopping = true
       @children.each { |pid| Process.kill(:TERM, pid) rescue nil } # rubocop:disable Style/RescueModifier
-      @listener&.close rescue nil # rubocop:disable Style/RescueModifier
+      # from another Thread: called in a trap, which runs on the Thread blocked in accept, close
+      # raises "stream closed in another thread" into the trap and the accept never returns
+      Thread.new(@listener) { |l| l&.close rescue nil } # rubocop:disable Style/RescueModifier
     end
 
     private
