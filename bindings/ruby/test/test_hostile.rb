@@ -294,7 +294,7 @@ class TestHostileBinding < Minitest::Test
     begin
       s.reply(250, enhanced, text)
     rescue Smtpe::InvalidArgument
-      nil # the copy taken before to_str ran is refused: fine too
+      s.accept # a copy of enhanced taken before to_str ran ("5.1.1xxx...") is refused: fine too
     end
     out = +""
     s.take_output(out)
