@@ -258,7 +258,7 @@ class TestHostileBinding < Minitest::Test
     assert_raises(RuntimeError) { Smtpe::ServerSession.new(Smtpe::ServerConfig.allocate, 0) }
     assert_raises(TypeError) { Smtpe::ServerSession.new(Smtpe::ClientConfig.new, 0) }
     s = Smtpe::ServerSession.new(Smtpe::ServerConfig.new, 0)
-    assert_raises(RuntimeError) { s.dup.want }
+    assert_raises(TypeError) { s.dup }
     assert_raises(TypeError) { Marshal.dump(s) }
     assert_raises(Ractor::Error) { Ractor.make_shareable(s) }
     assert_raises(TypeError) { Smtpe::ClientSession.new(Smtpe::ClientConfig.new, 0).dup }
@@ -271,7 +271,6 @@ class TestHostileBinding < Minitest::Test
   # FAILS TODAY: ServerConfig has no initialize_copy: clone gives a frozen, Ractor-shareable
   # config that is not initialized, and initialize then writes into that frozen object.
   def test_server_config_cannot_be_copied
-    skip "FAILS TODAY: ServerConfig#clone is a frozen shareable config that can be initialized later"
     cfg = Smtpe::ServerConfig.new
     assert_raises(TypeError) { cfg.clone }
     assert_raises(TypeError) { cfg.dup }
@@ -280,7 +279,6 @@ class TestHostileBinding < Minitest::Test
   # FAILS TODAY: session_reply takes enhanced's C pointer, then calls text's to_str, which may
   # free that pointer's buffer (heap-use-after-free under ASan, smtpe__enhanced_valid).
   def test_reply_text_to_str_cannot_free_enhanced
-    skip "FAILS TODAY: use-after-free in ServerSession#reply (rb_server.c opt_cstr)"
     s = Smtpe::ServerSession.new(Smtpe::ServerConfig.new, 0)
     s.take_output(+"")
     s.feed(+"EHLO x\r\n", 0)
@@ -304,7 +302,6 @@ class TestHostileBinding < Minitest::Test
   # FAILS TODAY: ServerConfig.new reads ehlo_extra with the length it had before an element's
   # to_str ran: an element that empties the Array makes it read past its end (segfault).
   def test_ehlo_extra_shrunk_by_to_str
-    skip "FAILS TODAY: segfault in config_strings (rb_server.c) reading a shrunk ehlo_extra Array"
     list = nil
     evil = Object.new
     evil.define_singleton_method(:to_str) do
@@ -321,7 +318,6 @@ class TestHostileBinding < Minitest::Test
 
   # FAILS TODAY: attr_pairs (rb_client.c) uses the result of Hash#to_a as an Array unchecked.
   def test_xclient_hash_whose_to_a_is_no_array
-    skip "FAILS TODAY: crash in attr_pairs (rb_client.c) on a Hash whose to_a is not an Array"
     h = { "NAME" => "x" }
     h.define_singleton_method(:to_a) { 12_345 }
     Smtpe::ClientConfig.new(xclient: h)
@@ -334,7 +330,6 @@ class TestHostileBinding < Minitest::Test
   # switch) can run after the engine consumed octets and before they leave inbuf. An exception
   # there loses the event and leaves the consumed octets in inbuf (fed twice next time).
   def test_feed_runs_no_ruby_code_between_consuming_and_dropping
-    skip "FAILS TODAY: rb_struct_new runs Event#initialize inside ServerSession#feed"
     boom = Class.new(StandardError)
     armed = [false]
     hook = Module.new do
@@ -367,7 +362,6 @@ class TestHostileBinding < Minitest::Test
   # FAILS TODAY: the same for the client: an Outcome taken from the engine is lost when its
   # Struct's #initialize raises (take_event, rb_client.c).
   def test_client_feed_loses_no_event
-    skip "FAILS TODAY: rb_struct_new runs ClientEvent#initialize inside ClientSession#feed"
     boom = Class.new(StandardError)
     armed = [false]
     hook = Module.new do
@@ -402,7 +396,6 @@ class TestHostileBinding < Minitest::Test
   # FAILS TODAY: #feed calls rb_str_modify(inbuf) before each recv, and rb_str_drop_bytes made
   # inbuf shared: every event copies what is left, so a big inbuf costs O(n^2).
   def test_feed_cost_per_event_does_not_grow_with_inbuf
-    skip "FAILS TODAY: ServerSession#feed copies the rest of inbuf for every event"
     cfg = Smtpe::ServerConfig.new(max_errors: 0)
     per_event = [16_384, 524_288].map do |size|
       s = Smtpe::ServerSession.new(cfg, 0)

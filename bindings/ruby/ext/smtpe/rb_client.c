@@ -145,15 +145,22 @@ static smtpe_span put_span(char **at, VALUE str)
     return s;
 }
 
+static int hash_pair(VALUE key, VALUE val, VALUE list)
+{
+    rb_ary_push(list, rb_assoc_new(key, val));
+    return ST_CONTINUE;
+}
+
 /* The [name, value] pairs of a Hash or an Array of pairs (XCLIENT, XFORWARD), as a new Array
  * of frozen Strings name, value, name, value, ...; *octets gets the total length. */
 static VALUE attr_pairs(VALUE v, const char *key, size_t *octets)
 {
     VALUE list, out;
-    if (RB_TYPE_P(v, T_HASH))
-        list = rb_funcall(v, rb_intern("to_a"), 0);
-    else if (RB_TYPE_P(v, T_ARRAY))
-        list = v;
+    if (RB_TYPE_P(v, T_HASH)) {
+        list = rb_ary_new_capa((long)RHASH_SIZE(v)); /* no to_a: it may be redefined */
+        rb_hash_foreach(v, hash_pair, list);
+    } else if (RB_TYPE_P(v, T_ARRAY))
+        list = rb_ary_dup(v); /* a to_str below cannot change what we walk */
     else
         rb_raise(rb_eTypeError, "%s: must be a Hash or an Array of [name, value]", key);
     out = rb_ary_new_capa(2 * RARRAY_LEN(list));
@@ -540,7 +547,7 @@ static VALUE ready_value(const smtpe_client_caps *caps)
     }
     rb_ary_freeze(exts);
     rb_ary_freeze(auth);
-    return rb_obj_freeze(rb_struct_new(cReady, exts, caps->esmtp ? Qtrue : Qfalse,
+    return rb_obj_freeze(rb_smtpe_struct(cReady, 6, exts, caps->esmtp ? Qtrue : Qfalse,
                                        caps->size_limit ? ULL2NUM(caps->size_limit) : Qnil,
                                        auth, caps->tls ? Qtrue : Qfalse,
                                        caps->authenticated ? Qtrue : Qfalse));
@@ -562,7 +569,7 @@ static VALUE outcome_value(client_sess *s, const smtpe_client_outcome *o)
     VALUE kind = o->outcome >= 1 && o->outcome <= 4 ? ID2SYM(outcome_ids[o->outcome]) : Qnil;
     VALUE enhanced = o->enhanced.len ? text_str(o->enhanced) : Qnil;
     VALUE text = text_str(o->text);
-    return rb_obj_freeze(rb_struct_new(cOutcome, SIZET2NUM(o->index), rcpt, kind,
+    return rb_obj_freeze(rb_smtpe_struct(cOutcome, 8, SIZET2NUM(o->index), rcpt, kind,
                                        code_or_nil(o->code), enhanced, text,
                                        o->local ? Qtrue : Qfalse,
                                        o->before_mail ? Qtrue : Qfalse));
@@ -579,31 +586,31 @@ static VALUE take_event(client_sess *s)
         s->ready_seen = 1;
         return ready_value(&ev.ready);
     case SMTPE_CEV_STARTTLS:
-        return rb_obj_freeze(rb_struct_new(cStarttls, INT2FIX(220)));
+        return rb_obj_freeze(rb_smtpe_struct(cStarttls, 1, INT2FIX(220)));
     case SMTPE_CEV_AUTH_STEP: {
         VALUE chal = ev.auth_step.step == 0
                          ? Qnil
                          : rb_smtpe_str(ev.auth_step.challenge.ptr, ev.auth_step.challenge.len, 0);
-        return rb_obj_freeze(rb_struct_new(cAuthStep, UINT2NUM(ev.auth_step.step), chal));
+        return rb_obj_freeze(rb_smtpe_struct(cAuthStep, 2, UINT2NUM(ev.auth_step.step), chal));
     }
     case SMTPE_CEV_CONTENT: {
         const smtpe_client_caps *caps = smtpe_client_get_caps(s->c);
         int bdat = s->k->cfg.chunking && (caps->extensions & SMTPE_EXT_CHUNKING);
-        return rb_obj_freeze(rb_struct_new(cContent, bdat ? Qtrue : Qfalse));
+        return rb_obj_freeze(rb_smtpe_struct(cContent, 1, bdat ? Qtrue : Qfalse));
     }
     case SMTPE_CEV_OUTCOME:
         return outcome_value(s, &ev.outcome);
     case SMTPE_CEV_TRANSACTION_DONE: {
         smtpe_client_done d = ev.done;
         txn_release(s); /* before anything allocates: nothing is left to leak */
-        return rb_obj_freeze(rb_struct_new(cDone, SIZET2NUM(d.delivered), SIZET2NUM(d.permanent),
+        return rb_obj_freeze(rb_smtpe_struct(cDone, 5, SIZET2NUM(d.delivered), SIZET2NUM(d.permanent),
                                            SIZET2NUM(d.temporary), SIZET2NUM(d.unknown),
                                            d.reusable ? Qtrue : Qfalse));
     }
     case SMTPE_CEV_CLOSED: {
         int r = ev.closed.reason;
         VALUE reason = r >= 0 && (size_t)r < CLOSE_COUNT ? ID2SYM(close_ids[r]) : INT2FIX(r);
-        return rb_obj_freeze(rb_struct_new(cClosed, reason, code_or_nil(ev.closed.code),
+        return rb_obj_freeze(rb_smtpe_struct(cClosed, 3, reason, code_or_nil(ev.closed.code),
                                            text_str(ev.closed.text)));
     }
     default:

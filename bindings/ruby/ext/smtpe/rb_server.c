@@ -145,6 +145,7 @@ static void config_strings(rb_server_config *c, VALUE opts)
     }
     if ((v = rb_smtpe_opt(opts, "ehlo_extra")) != Qundef && !NIL_P(v)) {
         Check_Type(v, T_ARRAY);
+        v = rb_ary_dup(v); /* an element's to_str cannot change what we walk */
         long n = RARRAY_LEN(v);
         c->ehlo_extra = ruby_xcalloc((size_t)n + 1, sizeof(char *));
         for (long i = 0; i < n; i++) {
@@ -358,7 +359,7 @@ static VALUE path_value(const smtpe_path *p)
     VALUE mailbox = rb_smtpe_str(p->mailbox.ptr, p->mailbox.len, 1);
     VALUE local = rb_smtpe_str(p->local_part.ptr, p->local_part.len, 1);
     VALUE domain = rb_smtpe_str(p->domain.ptr, p->domain.len, 1);
-    return rb_obj_freeze(rb_struct_new(cPath, mailbox, local, domain, UINT2NUM(p->flags)));
+    return rb_obj_freeze(rb_smtpe_struct(cPath, 4, mailbox, local, domain, UINT2NUM(p->flags)));
 }
 
 static VALUE params_value(const smtpe_param *params, size_t n)
@@ -395,7 +396,7 @@ static VALUE mail_value(VALUE id, const smtpe_event_mail *m)
     VALUE by_time = m->by_mode ? LL2NUM(m->by_time) : Qnil;
     VALUE by_mode = m->by_mode ? rb_obj_freeze(rb_usascii_str_new(&m->by_mode, 1)) : Qnil;
     VALUE params = params_value(m->params, m->param_count);
-    return rb_struct_new(cMail, id, path, size, body_value(m->body), m->smtputf8 ? Qtrue : Qfalse,
+    return rb_smtpe_struct(cMail, 14, id, path, size, body_value(m->body), m->smtputf8 ? Qtrue : Qfalse,
                          ret, envid, auth, m->requiretls ? Qtrue : Qfalse, prio, by_time, by_mode,
                          m->by_trace ? Qtrue : Qfalse, params);
 }
@@ -405,7 +406,7 @@ static VALUE rcpt_value(VALUE id, const smtpe_event_rcpt *r)
     VALUE path = path_value(&r->forward_path);
     VALUE type = rb_smtpe_span_or_nil(r->orcpt_type, r->has_orcpt, 1);
     VALUE orcpt = rb_smtpe_span_or_nil(r->orcpt, r->has_orcpt, 1);
-    return rb_struct_new(cRcpt, id, path, notify_lists[r->notify & 15], type, orcpt,
+    return rb_smtpe_struct(cRcpt, 6, id, path, notify_lists[r->notify & 15], type, orcpt,
                          params_value(r->params, r->param_count));
 }
 
@@ -420,7 +421,7 @@ static VALUE auth_value(VALUE id, const smtpe_event_auth *a)
     VALUE authcid = rb_smtpe_span_or_nil(a->authcid, decoded, 0);
     VALUE password = rb_smtpe_span_or_nil(a->password, decoded, 0);
     VALUE response = rb_smtpe_span_or_nil(a->response, !decoded && a->has_response, 0);
-    return rb_struct_new(cAuth, id, mech, mid, authzid, authcid, password, response,
+    return rb_smtpe_struct(cAuth, 8, id, mech, mid, authzid, authcid, password, response,
                          UINT2NUM(a->step));
 }
 
@@ -455,7 +456,7 @@ static VALUE proxy_value(VALUE id, const smtpe_proxy_info *p)
                                                          rb_smtpe_str(value.ptr, value.len, 0))));
         rb_obj_freeze(tlvs);
     }
-    return rb_struct_new(cProxy, id, INT2FIX(p->version), p->local ? Qtrue : Qfalse, family,
+    return rb_smtpe_struct(cProxy, 10, id, INT2FIX(p->version), p->local ? Qtrue : Qfalse, family,
                          transport, inet ? addr_value(p->family, p->src_addr) : Qnil,
                          inet ? INT2FIX(p->src_port) : Qnil,
                          inet ? addr_value(p->family, p->dst_addr) : Qnil,
@@ -475,47 +476,47 @@ static VALUE event_value(const smtpe_event *ev)
     VALUE v;
     switch (ev->type) {
     case SMTPE_EV_HELO:
-        v = rb_struct_new(cHelo, id, rb_smtpe_str(ev->helo.domain.ptr, ev->helo.domain.len, 1),
+        v = rb_smtpe_struct(cHelo, 5, id, rb_smtpe_str(ev->helo.domain.ptr, ev->helo.domain.len, 1),
                           ev->helo.esmtp ? Qtrue : Qfalse, ev->helo.lmtp ? Qtrue : Qfalse, ab);
         break;
     case SMTPE_EV_MAIL: v = mail_value(id, &ev->mail); break;
     case SMTPE_EV_RCPT: v = rcpt_value(id, &ev->rcpt); break;
-    case SMTPE_EV_DATA: v = rb_struct_new(cData, id); break;
+    case SMTPE_EV_DATA: v = rb_smtpe_struct(cData, 1, id); break;
     case SMTPE_EV_DATA_END: {
         const smtpe_event_data_end *d = &ev->data_end;
         VALUE status = d->status == SMTPE_DATA_OK          ? sym_ok
                        : d->status == SMTPE_DATA_TOO_BIG ? sym_too_big
                                                          : sym_bad_line_ending;
-        v = rb_struct_new(cDataEnd, id, ULL2NUM(d->size), status,
+        v = rb_smtpe_struct(cDataEnd, 7, id, ULL2NUM(d->size), status,
                           (d->flags & SMTPE_DATA_NORMALISED) ? Qtrue : Qfalse,
                           (d->flags & SMTPE_DATA_HAS_8BIT) ? Qtrue : Qfalse,
                           d->chunked ? Qtrue : Qfalse, UINT2NUM(d->replies));
         break;
     }
-    case SMTPE_EV_RSET: v = rb_struct_new(cRset, id, ab); break;
-    case SMTPE_EV_VRFY: v = rb_struct_new(cVrfy, id, command_arg(&ev->command)); break;
-    case SMTPE_EV_EXPN: v = rb_struct_new(cExpn, id, command_arg(&ev->command)); break;
+    case SMTPE_EV_RSET: v = rb_smtpe_struct(cRset, 2, id, ab); break;
+    case SMTPE_EV_VRFY: v = rb_smtpe_struct(cVrfy, 2, id, command_arg(&ev->command)); break;
+    case SMTPE_EV_EXPN: v = rb_smtpe_struct(cExpn, 2, id, command_arg(&ev->command)); break;
     case SMTPE_EV_UNKNOWN:
-        v = rb_struct_new(cUnknown, id,
+        v = rb_smtpe_struct(cUnknown, 3, id,
                           rb_smtpe_str(ev->command.verb.ptr, ev->command.verb.len, 1),
                           command_arg(&ev->command));
         break;
-    case SMTPE_EV_QUIT: v = rb_struct_new(cQuit, id, ab); break;
-    case SMTPE_EV_TIMEOUT: v = rb_struct_new(cTimeout, id, ab); break;
-    case SMTPE_EV_ERROR_LIMIT: v = rb_struct_new(cErrorLimit, id, ab); break;
-    case SMTPE_EV_STARTTLS: v = rb_struct_new(cStarttls, id); break;
+    case SMTPE_EV_QUIT: v = rb_smtpe_struct(cQuit, 2, id, ab); break;
+    case SMTPE_EV_TIMEOUT: v = rb_smtpe_struct(cTimeout, 2, id, ab); break;
+    case SMTPE_EV_ERROR_LIMIT: v = rb_smtpe_struct(cErrorLimit, 2, id, ab); break;
+    case SMTPE_EV_STARTTLS: v = rb_smtpe_struct(cStarttls, 1, id); break;
     case SMTPE_EV_AUTH: v = auth_value(id, &ev->auth); break;
     case SMTPE_EV_BDAT:
     case SMTPE_EV_CHUNK_END:
-        v = rb_struct_new(ev->type == SMTPE_EV_BDAT ? cBdat : cChunkEnd, id,
+        v = rb_smtpe_struct(ev->type == SMTPE_EV_BDAT ? cBdat : cChunkEnd, 4, id,
                           ULL2NUM(ev->bdat.size), ev->bdat.last ? Qtrue : Qfalse,
                           ev->bdat.first ? Qtrue : Qfalse);
         break;
     case SMTPE_EV_PROXY: v = proxy_value(id, &ev->proxy); break;
-    case SMTPE_EV_PROXY_INVALID: v = rb_struct_new(cProxyInvalid, id); break;
+    case SMTPE_EV_PROXY_INVALID: v = rb_smtpe_struct(cProxyInvalid, 1, id); break;
     case SMTPE_EV_XCLIENT:
     case SMTPE_EV_XFORWARD:
-        v = rb_struct_new(ev->type == SMTPE_EV_XCLIENT ? cXclient : cXforward, id,
+        v = rb_smtpe_struct(ev->type == SMTPE_EV_XCLIENT ? cXclient : cXforward, 2, id,
                           params_value(ev->xclient.attrs, ev->xclient.count));
         break;
     default: return Qnil;
@@ -578,7 +579,6 @@ static VALUE session_feed(int argc, VALUE *argv, VALUE self)
         long len = RSTRING_LEN(inbuf);
         if (len == 0 || !(smtpe_server_want(r->s) & SMTPE_WANT_READ))
             return Qnil;
-        rb_str_modify(inbuf);
         smtpe_ssize n = smtpe_server_recv(r->s, (const uint8_t *)RSTRING_PTR(inbuf), (size_t)len, now);
         if (n < 0)
             rb_smtpe_raise((int)n, "ServerSession#feed");
@@ -603,9 +603,25 @@ static unsigned reply_code(VALUE code)
     return (unsigned)rb_smtpe_opt_uint(code, "code", 200, 599);
 }
 
-static const char *opt_cstr(VALUE *v)
+/* The enhanced code and text of a verdict as C strings: both converted first (to_str may run
+ * Ruby code, which could free a buffer whose pointer was already taken), then both pointers
+ * taken with no Ruby code in between. NUL inside raises ArgumentError. */
+static void verdict_cstrs(VALUE *enhanced, VALUE *text, const char **e, const char **t)
 {
-    return NIL_P(*v) ? NULL : StringValueCStr(*v);
+    if (!NIL_P(*enhanced))
+        StringValue(*enhanced);
+    if (!NIL_P(*text))
+        StringValue(*text);
+    *e = NIL_P(*enhanced) ? NULL : StringValueCStr(*enhanced);
+    *t = NIL_P(*text) ? NULL : StringValueCStr(*text);
+}
+
+/* An event id: an Integer (a Float would be truncated to another event's id). */
+static uint64_t event_id(VALUE id)
+{
+    if (!RB_INTEGER_TYPE_P(id))
+        rb_raise(rb_eTypeError, "id: must be an Integer");
+    return NUM2ULL(id);
 }
 
 /*
@@ -626,7 +642,8 @@ static VALUE session_reply(int argc, VALUE *argv, VALUE self)
     rb_scan_args(argc, argv, "12", &code, &enhanced, &text);
     rb_server *r = get_session(self);
     unsigned c = reply_code(code);
-    const char *e = opt_cstr(&enhanced), *t = opt_cstr(&text);
+    const char *e, *t;
+    verdict_cstrs(&enhanced, &text, &e, &t);
     return verdict_result(smtpe_server_reply(r->s, c, e, t), "ServerSession#reply");
 }
 
@@ -655,9 +672,10 @@ static VALUE session_reply_id(int argc, VALUE *argv, VALUE self)
     VALUE id, code, enhanced = Qnil, text = Qnil;
     rb_scan_args(argc, argv, "22", &id, &code, &enhanced, &text);
     rb_server *r = get_session(self);
-    uint64_t i = NUM2ULL(id);
+    uint64_t i = event_id(id);
     unsigned c = reply_code(code);
-    const char *e = opt_cstr(&enhanced), *t = opt_cstr(&text);
+    const char *e, *t;
+    verdict_cstrs(&enhanced, &text, &e, &t);
     return verdict_result(smtpe_server_reply_id(r->s, i, c, e, t), "ServerSession#reply_id");
 }
 
@@ -669,7 +687,7 @@ static VALUE session_reply_id(int argc, VALUE *argv, VALUE self)
 static VALUE session_accept_id(VALUE self, VALUE id)
 {
     rb_server *r = get_session(self);
-    return verdict_result(smtpe_server_accept_id(r->s, NUM2ULL(id)), "ServerSession#accept_id");
+    return verdict_result(smtpe_server_accept_id(r->s, event_id(id)), "ServerSession#accept_id");
 }
 
 /*
@@ -688,7 +706,8 @@ static VALUE session_close(int argc, VALUE *argv, VALUE self)
         code = INT2FIX(421);
     rb_server *r = get_session(self);
     unsigned c = reply_code(code);
-    const char *e = opt_cstr(&enhanced), *t = opt_cstr(&text);
+    const char *e, *t;
+    verdict_cstrs(&enhanced, &text, &e, &t);
     verdict_result(smtpe_server_close(r->s, c, e, t), "ServerSession#close");
     return Qnil;
 }
@@ -801,11 +820,19 @@ static VALUE session_stats(VALUE self)
 {
     smtpe_server_stats st;
     smtpe_server_get_stats(get_session(self)->s, &st);
-    VALUE v = rb_struct_new(cStats, ULL2NUM(st.octets_in), ULL2NUM(st.octets_out),
+    VALUE v = rb_smtpe_struct(cStats, 9, ULL2NUM(st.octets_in), ULL2NUM(st.octets_out),
                             UINT2NUM(st.commands), UINT2NUM(st.errors), UINT2NUM(st.transactions),
                             UINT2NUM(st.recipients), ULL2NUM(st.discarded_octets),
                             st.tls ? Qtrue : Qfalse, st.authenticated ? Qtrue : Qfalse);
     return rb_obj_freeze(v);
+}
+
+/* Configs and sessions are not copied: a copy of a session would share its engine memory. */
+static VALUE no_copy(VALUE self, VALUE other)
+{
+    (void)other;
+    rb_raise(rb_eTypeError, "can't copy %" PRIsVALUE, rb_obj_class(self));
+    return Qnil;
 }
 
 static VALUE keep(VALUE v)
@@ -897,6 +924,7 @@ void rb_smtpe_init_server(VALUE mSmtpe)
     cServerConfig = rb_define_class_under(mSmtpe, "ServerConfig", rb_cObject);
     rb_define_alloc_func(cServerConfig, config_alloc);
     rb_define_method(cServerConfig, "initialize", config_initialize, -1);
+    rb_define_method(cServerConfig, "initialize_copy", no_copy, 1);
     rb_define_method(cServerConfig, "memory_size", config_memory_size, 0);
     rb_define_method(cServerConfig, "lmtp?", config_lmtp_p, 0);
     rb_define_method(cServerConfig, "hostname", config_hostname, 0);
@@ -907,6 +935,7 @@ void rb_smtpe_init_server(VALUE mSmtpe)
     cServerSession = rb_define_class_under(mSmtpe, "ServerSession", rb_cObject);
     rb_define_alloc_func(cServerSession, session_alloc);
     rb_define_method(cServerSession, "initialize", session_initialize, 2);
+    rb_define_method(cServerSession, "initialize_copy", no_copy, 1);
     rb_define_method(cServerSession, "feed", session_feed, -1);
     rb_define_method(cServerSession, "reply", session_reply, -1);
     rb_define_method(cServerSession, "accept", session_accept, 0);

@@ -2,6 +2,7 @@
  * helpers every file shares (rb_smtpe.h). */
 #include "rb_smtpe.h"
 
+#include <stdarg.h>
 #include <string.h>
 
 VALUE rb_smtpe_mSmtpe;
@@ -45,6 +46,21 @@ VALUE rb_smtpe_str(const uint8_t *p, size_t len, int utf8)
     VALUE s = utf8 ? rb_utf8_str_new((const char *)p, (long)len)
                    : rb_str_new((const char *)p, (long)len);
     return rb_obj_freeze(s);
+}
+
+VALUE rb_smtpe_struct(VALUE klass, int n, ...)
+{
+    VALUE vals[RB_SMTPE_STRUCT_MAX];
+    va_list ap;
+    va_start(ap, n);
+    for (int i = 0; i < n && i < RB_SMTPE_STRUCT_MAX; i++)
+        vals[i] = va_arg(ap, VALUE);
+    va_end(ap);
+    VALUE st = rb_struct_alloc_noinit(klass);
+    for (int i = 0; i < n && i < RB_SMTPE_STRUCT_MAX; i++)
+        RSTRUCT_SET(st, i, vals[i]);
+    RB_GC_GUARD(vals[0]);
+    return st;
 }
 
 VALUE rb_smtpe_span_or_nil(smtpe_span s, int has, int utf8)

@@ -7,6 +7,10 @@
  *  - No VALUE is kept in engine memory, and no Ruby object points into engine memory: every
  *    span is copied into a new frozen String before the next engine call.
  *  - No I/O, no blocking, no GVL release: each call is microseconds of work.
+ *  - No Ruby code runs (no method call: to_str, initialize) between an engine call that
+ *    consumes or hands out something and the binding taking it in: Ruby code is where
+ *    interrupts land, and it may free the buffers a C pointer was taken from. Arguments are
+ *    converted (StringValue) before any pointer into them is taken.
  */
 #ifndef RB_SMTPE_H
 #define RB_SMTPE_H
@@ -28,6 +32,13 @@ NORETURN(void rb_smtpe_raise(int err, const char *what));
 
 /* A new frozen String holding a copy of p[0..len): UTF-8 when utf8, else binary. */
 VALUE rb_smtpe_str(const uint8_t *p, size_t len, int utf8);
+/* A new instance of the Struct class klass with its n members (n <= RB_SMTPE_STRUCT_MAX) set to
+ * the VALUEs that follow, made without calling #initialize: no Ruby code runs (so no interrupt,
+ * Thread#raise or trap, can land) between the engine handing out an event and the binding
+ * keeping it. */
+#define RB_SMTPE_STRUCT_MAX 16
+VALUE rb_smtpe_struct(VALUE klass, int n, ...);
+
 /* rb_smtpe_str of a span; nil when has is 0. */
 VALUE rb_smtpe_span_or_nil(smtpe_span s, int has, int utf8);
 
