@@ -12,6 +12,10 @@ mkdir -p "$out"
     cd "$out"
     SMTPE_WERROR=1 ruby "$here/ext/smtpe/extconf.rb" >extconf.out 2>&1 ||
         { cat extconf.out mkmf.log >&2; exit 1; }
+    # objects depend on no flag: a build with other flags (CC, sanitizers) starts clean
+    stamp="${CC:-cc} ${SMTPE_EXTRA_CFLAGS:-} ${SMTPE_EXTRA_LDFLAGS:-}"
+    [[ -f flags.stamp && "$(cat flags.stamp)" == "$stamp" ]] || make clean >/dev/null 2>&1 || true
+    echo "$stamp" >flags.stamp
     make -j2 V=0 >make.out 2>&1 || { cat make.out >&2; exit 1; }
     mkdir -p smtpe
     cp smtpe.so smtpe/smtpe.so

@@ -19,18 +19,23 @@ for t in test/test_*.rb; do
 done
 
 # the same binding tests against an ASan+UBSan build of the extension (clang's runtime preloaded:
-# ruby itself is not instrumented; leak checks off, as the interpreter keeps memory at exit)
+# ruby itself is not instrumented; leak checks off, as the interpreter keeps memory at exit;
+# heap checks only: Debian's ruby unwinds exceptions by __builtin_longjmp, which ASan does not
+# see, so stack poisoning would go stale; SMTPE_ASAN=1 skips the two Ractor cases, whose thread
+# exit the preloaded runtime cannot handle)
 asan_rt=$(clang -print-file-name=libclang_rt.asan-x86_64.so 2>/dev/null || true)
 if [[ -f "$asan_rt" ]]; then
     asan_ext=$(SMTPE_RUBY_EXT_DIR="$here/tmp/ext-asan" CC=clang \
-        SMTPE_EXTRA_CFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" \
+        SMTPE_EXTRA_CFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -mllvm -asan-stack=0" \
         SMTPE_EXTRA_LDFLAGS="-fsanitize=address,undefined" test/build_ext.sh)
-    for t in test/test_server_binding.rb test/test_client_binding.rb; do
-        [[ -f "$t" ]] || continue
+    # test_hostile.rb: its binding cases only (the others start servers as child processes)
+    for t in test/test_server_binding.rb test/test_client_binding.rb \
+        "test/test_hostile.rb -n /^TestHostileBinding#/"; do
         echo "==> ASan+UBSan: ruby $t"
-        LD_PRELOAD="$asan_rt" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
+        # shellcheck disable=SC2086 # $t is a file and its options
+        SMTPE_ASAN=1 LD_PRELOAD="$asan_rt" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
             UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-            ruby -I"$asan_ext" -Ilib "$t" || status=1
+            ruby -I"$asan_ext" -Ilib $t || status=1
     done
 else
     echo "ruby: no clang ASan runtime; the sanitizer pass is skipped" >&2

@@ -519,6 +519,9 @@ class TestClientBinding < Minitest::Test
   # --- Ractors, GC -------------------------------------------------------------------------------
 
   def test_config_shared_by_sessions_in_two_ractors
+    # ASan's runtime, preloaded into an uninstrumented ruby, fails to unmap a thread's TSD when
+    # a Ractor's thread exits ("unable to unmap", sanitizer_posix.cpp): the plain pass runs it
+    skip "Ractor threads under the preloaded ASan runtime (test/run.sh's plain pass runs this)" if ENV["SMTPE_ASAN"]
     warn_was = Warning[:experimental]
     Warning[:experimental] = false
     ractors = %w[one@example.com two@example.com].map do |from|

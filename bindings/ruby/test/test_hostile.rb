@@ -529,7 +529,6 @@ class TestHostileHost < Minitest::Test
   # ENOTCONN in RactorLoop#accept_all (ractor_loop.rb:83); the Ractor dies and Ractor.select
   # in Server#run_ractors raises: the whole server exits.
   def test_ractors_survive_a_reset_before_accept
-    skip "FAILS TODAY: one reset connection ends the :ractors server"
     alive, err = with_child_server(server_script("ractors")) do |port|
       5.times { reset_connection(port) }
       sleep 0.5
@@ -542,7 +541,6 @@ class TestHostileHost < Minitest::Test
   # read: see below) ends the :threads and :ractors servers and the accept loop of :fibers
   # and :prefork (the process stays, accepting nothing).
   def test_servers_survive_fd_exhaustion
-    skip "FAILS TODAY: Errno::EMFILE from accept_nonblock is not rescued (server.rb accept, ractor_loop.rb)"
     %w[threads fibers prefork ractors].each do |model|
       alive, err = with_child_server(server_script(model), nofile: 64) do |port|
         socks = Array.new(100) { Socket.tcp("127.0.0.1", port, connect_timeout: 3) }
@@ -559,7 +557,6 @@ class TestHostileHost < Minitest::Test
   # LoadError from a lazy require, ...) ends the :fibers, :prefork (each worker) and :ractors
   # servers (call_handler and serve rescue StandardError only).
   def test_handler_non_standard_error_ends_only_its_session
-    skip "FAILS TODAY: a NotImplementedError in a handler ends the :fibers, :prefork and :ractors servers"
     %w[threads fibers prefork ractors].each do |model|
       alive, err = with_child_server(server_script(model)) do |port|
         s = Socket.tcp("127.0.0.1", port)
@@ -577,7 +574,6 @@ class TestHostileHost < Minitest::Test
   # Ractor loop's pending output) with no deadline: the engine's timeouts never fire, and the
   # connection (an fd, a Thread) is held for as long as the client likes.
   def test_client_that_never_reads_is_dropped
-    skip "FAILS TODAY: no deadline on the server's writes; the stuck connection is never closed"
     skip "needs ss(8)" unless system("ss -V > /dev/null 2>&1")
     %w[threads fibers ractors].each do |model|
       with_child_server(server_script(model, timeout_ms: 1000)) do |port|
@@ -585,9 +581,13 @@ class TestHostileHost < Minitest::Test
         s.setsockopt(:SOCKET, :RCVBUF, 4096)
         chunk = "NOOP\r\n" * 10_000
         t0 = Time.now
-        while Time.now - t0 < 10
-          n = s.write_nonblock(chunk, exception: false)
-          break if n == :wait_writable && !s.wait_writable(2)
+        begin
+          while Time.now - t0 < 10
+            n = s.write_nonblock(chunk, exception: false)
+            break if n == :wait_writable && !s.wait_writable(2)
+          end
+        rescue Errno::ECONNRESET, Errno::EPIPE
+          nil # the server dropped it already: what the test wants
         end
         sleep 4
         held = `ss -tnH state established '( sport = :#{port} )'`.lines.size
@@ -671,7 +671,6 @@ class TestHostileSMTPClient < Minitest::Test
 
   # FAILS TODAY: SMTP#initialize raises without closing its socket.
   def test_failed_start_closes_its_socket
-    skip "FAILS TODAY: Smtpe::SMTP.start leaks its socket when the greeting is a refusal"
     srv = TCPServer.new("127.0.0.1", 0)
     th = Thread.new { loop { c = srv.accept; c.write("554 go away\r\n"); c.close } }
     GC.disable
@@ -687,7 +686,6 @@ class TestHostileSMTPClient < Minitest::Test
   # FAILS TODAY: SMTP#flush is a blocking IO#write with no deadline: a server that stops
   # reading hangs send_message forever (and data_block_timeout_ms is no accepted keyword).
   def test_server_that_stops_reading_does_not_hang_the_client
-    skip "FAILS TODAY: Smtpe::SMTP blocks forever in IO#write"
     script = lambda do |c|
       prelude(c)
       3.times { rl(c); c.write("250 ok\r\n") }
@@ -703,7 +701,6 @@ class TestHostileSMTPClient < Minitest::Test
 
   # FAILS TODAY: the STARTTLS handshake (SMTP#handshake, ssl.connect) has no deadline.
   def test_starttls_stall_is_an_smtp_error
-    skip "FAILS TODAY: Smtpe::SMTP hangs in ssl.connect when the server never handshakes"
     script = lambda do |c|
       prelude(c, ["STARTTLS"])
       rl(c)
@@ -718,7 +715,6 @@ class TestHostileSMTPClient < Minitest::Test
   # FAILS TODAY: a failed handshake raises OpenSSL::SSL::SSLError out of SMTP.start instead of
   # Smtpe::SMTP::Error (the engine is never told: ClientSession#lost).
   def test_failed_tls_handshake_is_an_smtp_error
-    skip "FAILS TODAY: OpenSSL::SSL::SSLError escapes Smtpe::SMTP.start"
     script = lambda do |c|
       prelude(c, ["STARTTLS"])
       rl(c)

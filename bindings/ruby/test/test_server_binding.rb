@@ -358,6 +358,9 @@ class TestServerBinding < Minitest::Test
   end
 
   def test_config_shared_by_two_ractors
+    # ASan's runtime, preloaded into an uninstrumented ruby, fails to unmap a thread's TSD when
+    # a Ractor's thread exits ("unable to unmap", sanitizer_posix.cpp): the plain pass runs it
+    skip "Ractor threads under the preloaded ASan runtime (test/run.sh's plain pass runs this)" if ENV["SMTPE_ASAN"]
     cfg = Smtpe::ServerConfig.new(hostname: "shared.test")
     input = STUDY
     ractors = Array.new(2) do |i|

@@ -9,7 +9,10 @@
 require "mkmf"
 
 # CC=clang (or any compiler) from the environment, as the tests' clang and sanitizer builds use
-RbConfig::MAKEFILE_CONFIG["CC"] = ENV["CC"] if ENV["CC"] && !ENV["CC"].empty?
+if ENV["CC"] && !ENV["CC"].empty?
+  RbConfig::MAKEFILE_CONFIG["CC"] = ENV["CC"] # the Makefile
+  RbConfig::CONFIG["CC"] = ENV["CC"]          # mkmf's own test compiles
+end
 
 vendor = File.join(__dir__, "vendor")
 unless File.exist?(File.join(vendor, "smtpe.c"))

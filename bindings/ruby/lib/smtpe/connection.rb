@@ -13,11 +13,17 @@ module Smtpe
   class Connection
     # Octets asked for by each read.
     READ_SIZE = 16_384
+    # Seconds a write may wait for the peer to read (RFC 5321 §4.5.3.2.7: the server waits 5
+    # minutes for a command; a client that reads nothing as long is dropped, never held).
+    WRITE_TIMEOUT = 300
 
     # io:: a connected socket; driver:: the session; tls_context:: an
     # OpenSSL::SSL::SSLContext for STARTTLS (nil: none); reply_delay:: seconds to wait before
-    # each write (the study's 10 ms "work" before each reply; 0 for none).
-    def initialize(io, driver, tls_context: nil, reply_delay: 0)
+    # each write (the study's 10 ms "work" before each reply; 0 for none); write_timeout::
+    # seconds a write may wait for the peer to read before the connection is dropped, when the
+    # engine has no deadline of its own (its command and data timeouts bound writes too).
+    def initialize(io, driver, tls_context: nil, reply_delay: 0, write_timeout: WRITE_TIMEOUT)
+      @write_timeout = write_timeout
       @io = io
       @driver = driver
       @tls_context = tls_context
@@ -37,6 +43,11 @@ module Smtpe
       end
     rescue IOError, SystemCallError, OpenSSL::SSL::SSLError => e
       @driver.eof(Smtpe.now_ms) unless e.is_a?(EOFError) && @driver.closed?
+    rescue SignalException, SystemExit
+      raise
+    rescue Exception => e # rubocop:disable Lint/RescueException: one session's bug ends only it
+      warn "smtpe: session ended by #{e.class}: #{e.message}"
+      @driver.eof(Smtpe.now_ms)
     ensure
       close
     end
@@ -71,7 +82,28 @@ module Smtpe
       return if out.nil? || out.empty?
 
       sleep(@reply_delay) if @reply_delay.positive?
-      @io.write(out)
+      rest = out
+      until rest.empty?
+        n = @io.write_nonblock(rest, exception: false)
+        case n
+        when :wait_writable
+          @io.to_io.wait_writable(write_wait) or raise IOError, "peer reads nothing: write timed out"
+        when :wait_readable # TLS renegotiation wants to read
+          @io.to_io.wait_readable(write_wait) or raise IOError, "TLS write timed out"
+        else
+          rest = rest.byteslice(n, rest.bytesize - n)
+        end
+      end
+    end
+
+    # Seconds a blocked write may wait: until the engine's own deadline (the peer that reads
+    # nothing is as late as one that sends nothing), 10 s for a closing session's last reply,
+    # else write_timeout.
+    def write_wait
+      deadline = @driver.deadline
+      return [(deadline - Smtpe.now_ms) / 1000.0, 0].max if deadline
+
+      @driver.closed? ? [@write_timeout, 10].min : @write_timeout
     end
 
     # STARTTLS accepted and its 220 written: the handshake, then the session starts afresh.

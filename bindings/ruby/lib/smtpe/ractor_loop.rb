@@ -8,8 +8,13 @@ module Smtpe
     # Ractors. Replies wait reply_delay before they go (a timer, not a sleep); a connection
     # whose replies wait is not read meanwhile, as a client waits for its replies.
     class RactorLoop # :nodoc:
-      Conn = Struct.new(:io, :driver, :out, :write_at)
+      Conn = Struct.new(:io, :driver, :out, :write_at, :stuck_since)
       READ_SIZE = 16_384
+      # ms a connection's output may wait for the peer to read (Connection::WRITE_TIMEOUT)
+      WRITE_TIMEOUT_MS = 300_000
+      # accept(2) errors of the moment (Server::TRANSIENT_ACCEPT): accepting pauses 100 ms
+      TRANSIENT = [Errno::EMFILE, Errno::ENFILE, Errno::ENOBUFS, Errno::ENOMEM,
+                   Errno::ECONNABORTED, Errno::EPROTO, Errno::EPERM, Errno::EINTR].freeze
 
       def initialize(host, port, factory, delay)
         @host = host
@@ -17,6 +22,7 @@ module Smtpe
         @factory = factory
         @delay_ms = (delay * 1000).round
         @conns = {}
+        @accept_after = 0
         @rbuf = String.new(capacity: READ_SIZE, encoding: Encoding::BINARY)
       end
 
@@ -47,9 +53,9 @@ module Smtpe
       # What to wait for: readable connections with no reply waiting, writable ones with
       # replies due, and the earliest timer (a reply's delay, a session's deadline).
       def interest(now)
-        readers = [@listener]
+        readers = now >= @accept_after ? [@listener] : []
         writers = []
-        next_at = nil
+        next_at = now >= @accept_after ? nil : @accept_after
         @conns.each_value do |c|
           if c.out.empty?
             readers << c.io
@@ -59,6 +65,7 @@ module Smtpe
             writers << c.io
           end
           dl = c.driver.deadline
+          dl = c.stuck_since + WRITE_TIMEOUT_MS if c.stuck_since && (dl.nil? || c.stuck_since + WRITE_TIMEOUT_MS < dl)
           next_at = dl if dl && (next_at.nil? || dl < next_at)
         end
         [readers, writers, next_at]
@@ -66,12 +73,34 @@ module Smtpe
 
       def timers(now)
         @conns.values.each do |c|
+          next drop(c) if c.stuck_since && stuck_too_long?(c, now)
+
           flush(c) if c.write_at && c.write_at <= now && !c.out.empty?
           next unless @conns.key?(c.io)
 
           dl = c.driver.deadline
-          queue(c, c.driver.expire(now), now) if dl && dl <= now
+          guarded(c) { queue(c, c.driver.expire(now), now) } if dl && dl <= now
         end
+      end
+
+      # Output waiting for a peer that reads nothing: dropped at the engine's deadline (or after
+      # WRITE_TIMEOUT_MS, 10 s for a closing session's last reply), as Connection#write_wait.
+      def stuck_too_long?(c, now)
+        dl = c.driver.deadline
+        return dl <= now if dl
+
+        now - c.stuck_since > (c.driver.closed? ? 10_000 : WRITE_TIMEOUT_MS)
+      end
+
+      # Runs one connection's step; whatever it raises ends that connection only.
+      def guarded(c)
+        yield
+      rescue IOError, SystemCallError
+        c.driver.eof(Smtpe.now_ms) rescue nil # rubocop:disable Style/RescueModifier
+        drop(c)
+      rescue StandardError, ScriptError => e
+        warn "smtpe: session ended by #{e.class}: #{e.message}"
+        drop(c)
       end
 
       def accept_all(now)
@@ -79,12 +108,21 @@ module Smtpe
           sock, = @listener.accept_nonblock(exception: false)
           return if sock == :wait_readable
 
-          sock.setsockopt(:TCP, :NODELAY, true)
-          c = Conn.new(sock, @factory.call(sock.remote_address.inspect_sockaddr),
-                       String.new(encoding: Encoding::BINARY), nil)
-          @conns[sock] = c
-          queue(c, c.driver.start(now), now)
+          open_conn(sock, now)
         end
+      rescue *TRANSIENT => e
+        warn "smtpe: accept: #{e.message}; pausing 100 ms"
+        @accept_after = now + 100
+      end
+
+      def open_conn(sock, now)
+        peer = sock.remote_address.inspect_sockaddr
+        sock.setsockopt(:TCP, :NODELAY, true)
+        c = Conn.new(sock, @factory.call(peer), String.new(encoding: Encoding::BINARY), nil, nil)
+        @conns[sock] = c
+        guarded(c) { queue(c, c.driver.start(now), now) }
+      rescue SystemCallError, IOError
+        sock.close rescue nil # rubocop:disable Style/RescueModifier: reset before it started
       end
 
       def read(c, now)
@@ -95,7 +133,7 @@ module Smtpe
           c.driver.eof(now)
           return drop(c)
         end
-        queue(c, c.driver.receive(data, now), now)
+        guarded(c) { queue(c, c.driver.receive(data, now), now) }
       rescue IOError, SystemCallError
         c.driver.eof(now)
         drop(c)
@@ -116,12 +154,13 @@ module Smtpe
 
       def flush(c)
         n = c.io.write_nonblock(c.out, exception: false)
-        return if n == :wait_writable
+        return c.stuck_since ||= Smtpe.now_ms if n == :wait_writable
 
         c.out.slice!(0, n)
-        return unless c.out.empty?
+        return c.stuck_since ||= Smtpe.now_ms unless c.out.empty?
 
         c.write_at = nil
+        c.stuck_since = nil
         drop(c) if c.driver.closed?
       rescue IOError, SystemCallError
         c.driver.eof(Smtpe.now_ms)

@@ -100,20 +100,31 @@ module Smtpe
       @on_listening&.call(@address)
     end
 
+    # accept(2) errors that are the moment's, not the listener's: out of descriptors or memory
+    # (clients holding connections), or a connection reset before it was accepted.
+    TRANSIENT_ACCEPT = [Errno::EMFILE, Errno::ENFILE, Errno::ENOBUFS, Errno::ENOMEM,
+                        Errno::ECONNABORTED, Errno::EPROTO, Errno::EPERM, Errno::EINTR].freeze
+    private_constant :TRANSIENT_ACCEPT
+
     def accept(listener)
       loop do
         sock, = listener.accept_nonblock(exception: false)
         return sock unless sock == :wait_readable
 
         listener.wait_readable
+      rescue *TRANSIENT_ACCEPT => e
+        warn "smtpe: accept: #{e.message}; retrying in 100 ms"
+        sleep(0.1)
       end
     end
 
     def serve(sock)
-      sock.setsockopt(:TCP, :NODELAY, true)
       peer = sock.remote_address.inspect_sockaddr
+      sock.setsockopt(:TCP, :NODELAY, true)
       Connection.new(sock, @factory.call(peer), tls_context: @tls_context, reply_delay: @delay).run
-    rescue StandardError => e
+    rescue SystemCallError, IOError
+      sock.close rescue nil # rubocop:disable Style/RescueModifier: reset before it started
+    rescue StandardError, ScriptError => e
       warn "smtpe: session #{peer}: #{e.class}: #{e.message}"
       sock.close rescue nil # rubocop:disable Style/RescueModifier
     end
@@ -182,10 +193,23 @@ module Smtpe
       ractors.each(&:take) # each says :ready once it listens
       probe.close
       listening_port(port)
+      supervise(ractors, host, port, factory, delay)
+    end
+
+    # A Ractor whose loop died (a bug: each connection's errors are caught inside) is replaced,
+    # so the server keeps its workers.
+    def supervise(ractors, host, port, factory, delay)
       until @stopping
-        r, = Ractor.select(*ractors)
+        begin
+          r, = Ractor.select(*ractors)
+        rescue Ractor::RemoteError => e
+          r = e.ractor
+          warn "smtpe: worker Ractor died: #{e.cause&.class}: #{e.cause&.message}; starting another"
+        end
         ractors.delete(r)
-        break if ractors.empty?
+        fresh = Ractor.new(host, port, factory, delay) { |h, p, f, d| Smtpe::Server::RactorLoop.new(h, p, f, d).run }
+        fresh.take
+        ractors << fresh
       end
     end
 

@@ -197,7 +197,7 @@ module Smtpe
     # A handler's exception is a local error for that command (451 4.3.0), never a lost reply.
     def call_handler(name, arg)
       @handler.public_send(name, arg)
-    rescue StandardError => e
+    rescue StandardError, ScriptError => e # NotImplementedError, a LoadError of a lazy require
       warn "smtpe: #{@handler.class}##{name} raised #{e.class}: #{e.message}"
       Reply[451, "4.3.0", "Local error in processing"]
     end

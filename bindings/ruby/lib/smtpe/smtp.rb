@@ -27,8 +27,9 @@ module Smtpe
     end
 
     CONFIG_KEYS = %i[lmtp tls auth_mechanism auth_authzid auth_user auth_password auth_token
-                     auth_plaintext_ok chunking pipelining command_timeout_ms
-                     greeting_timeout_ms data_timeout_ms data_end_timeout_ms].freeze
+                     auth_plaintext_ok chunking chunk_size pipelining line_ending max_recipients
+                     output_buffer_size max_unanswered command_timeout_ms greeting_timeout_ms
+                     data_timeout_ms data_block_timeout_ms data_end_timeout_ms].freeze
     private_constant :CONFIG_KEYS
 
     # Connects, reads the greeting, says EHLO (and STARTTLS, AUTH as asked), yields the session
@@ -73,16 +74,24 @@ module Smtpe
       @config = ClientConfig.new(helo_name: helo, **opts)
       @host = host
       @ssl_context = ssl_context
+      # the TLS handshake's own bound (the engine keeps no timer while it runs)
+      @handshake_ms = opts.fetch(:command_timeout_ms, 300_000)
+      @handshake_ms = 300_000 if @handshake_ms.nil? || @handshake_ms.zero?
       @io = Socket.tcp(host, port, connect_timeout: open_timeout)
-      @io.setsockopt(:TCP, :NODELAY, true)
-      @session = ClientSession.new(@config, Smtpe.now_ms)
-      @inbuf = String.new(capacity: 16_384, encoding: Encoding::BINARY)
-      @rbuf = String.new(capacity: 16_384, encoding: Encoding::BINARY)
-      @out = String.new(capacity: 16_384, encoding: Encoding::BINARY)
-      @closed = nil
-      handshake if opts[:tls] == :implicit
-      run { @ready || @closed }
-      raise Error, @closed if @closed
+      begin
+        @io.setsockopt(:TCP, :NODELAY, true)
+        @session = ClientSession.new(@config, Smtpe.now_ms)
+        @inbuf = String.new(capacity: 16_384, encoding: Encoding::BINARY)
+        @rbuf = String.new(capacity: 16_384, encoding: Encoding::BINARY)
+        @out = String.new(capacity: 16_384, encoding: Encoding::BINARY)
+        @closed = nil
+        @session.tls_started(Smtpe.now_ms) if opts[:tls] == :implicit && handshake
+        run { @ready || @closed }
+        raise Error, @closed if @closed
+      rescue Exception # rubocop:disable Lint/RescueException: close the socket, whatever it was
+        @io.close unless @io.closed?
+        raise
+      end
     end
 
     # Sends one message: content (a String, RFC 5322 text; line ends are made CRLF), the
@@ -128,10 +137,10 @@ module Smtpe
         stream_content if @pos && @session.want_content?
         flush
         return if yield
+        next if @session.want.anybits?(WANT_EVENT) # flush's timeout queued the Closed event
 
         if @session.want_tls?
-          handshake
-          @session.tls_started(Smtpe.now_ms)
+          @session.tls_started(Smtpe.now_ms) if handshake
         elsif !@session.want_content?
           read
         end
@@ -163,10 +172,27 @@ module Smtpe
       @pos = nil if @pos && @pos >= @content.bytesize && !@session.want_content?
     end
 
+    # Writes the queued output; a server that stops reading is as late as one that stops
+    # answering: the engine's deadline (the data block timeout while content goes) ends it.
     def flush
       @out.clear
       @session.take_output(@out)
-      @io.write(@out) unless @out.empty?
+      rest = @out
+      until rest.empty?
+        n = @io.write_nonblock(rest, exception: false)
+        if n.is_a?(Integer)
+          rest = rest.byteslice(n, rest.bytesize - n)
+          next
+        end
+        deadline = @session.expiry(Smtpe.now_ms)
+        wait = deadline ? [(deadline - Smtpe.now_ms) / 1000.0, 0].max : 300
+        raw = @io.to_io
+        next if n == :wait_writable ? raw.wait_writable(wait) : raw.wait_readable(wait)
+        next unless deadline.nil? || @session.handle_expiry(Smtpe.now_ms)
+
+        @session.lost unless @session.want_close?
+        return
+      end
     rescue IOError, SystemCallError, OpenSSL::SSL::SSLError
       @session.lost unless @closed
     end
@@ -185,14 +211,30 @@ module Smtpe
       @session.lost unless @closed
     end
 
+    # The TLS handshake (RFC 3207, RFC 8314), bounded by the command timeout. true when TLS is
+    # up; false when it failed or timed out: the session is told the connection is lost (its
+    # recipients temporary) and ends with Closed :lost, which SMTP.start raises as Error.
     def handshake
       ctx = @ssl_context || OpenSSL::SSL::SSLContext.new.tap(&:set_params)
       ssl = OpenSSL::SSL::SSLSocket.new(@io, ctx)
       ssl.hostname = @host
       ssl.sync_close = true
-      ssl.connect
+      limit = Smtpe.now_ms + @handshake_ms
+      loop do
+        r = ssl.connect_nonblock(exception: false)
+        break unless r.is_a?(Symbol)
+
+        wait = [(limit - Smtpe.now_ms) / 1000.0, 0].max
+        ok = r == :wait_readable ? @io.wait_readable(wait) : @io.wait_writable(wait)
+        raise IOError, "TLS handshake timed out" unless ok
+      end
       ssl.post_connection_check(@host) if ctx.verify_mode != OpenSSL::SSL::VERIFY_NONE
       @io = ssl
+      true
+    rescue OpenSSL::SSL::SSLError, IOError, SystemCallError => e
+      warn "smtpe: TLS with #{@host}: #{e.message}" if $VERBOSE
+      @session.lost
+      false
     end
   end
 end
