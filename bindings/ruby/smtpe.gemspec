@@ -12,7 +12,6 @@ Gem::Specification.new do |s|
     concurrency in Ruby. Ractor-safe and Fiber-friendly; a host layer runs a server under
     threads, Fibers (async), prefork or Ractors, and sends mail with per-recipient outcomes.
   TEXT
-  s.license = "MIT"
   s.authors = ["smtpe developers"]
   s.required_ruby_version = ">= 3.1"
   s.extensions = ["ext/smtpe/extconf.rb"]

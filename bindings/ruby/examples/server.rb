@@ -43,6 +43,7 @@ begin
   raise OptionParser::InvalidArgument, "--workers must be at least 1" if opts[:workers] < 1
   raise OptionParser::InvalidArgument, "--lmtp needs --protocol smtpe" if opts[:lmtp] && opts[:protocol] == "ruby"
   raise OptionParser::InvalidArgument, "--tls-cert: no STARTTLS under --model ractors" if opts[:cert] && opts[:model] == :ractors
+  raise OptionParser::InvalidArgument, "--tls-cert: the baseline has no STARTTLS" if opts[:cert] && opts[:protocol] == "ruby"
 rescue OptionParser::ParseError => e
   warn "server.rb: #{e.message}", parser.help
   exit 2

@@ -47,7 +47,7 @@ class TestHost < Minitest::Test
     assert_equal "a@b", msg.reverse_path.mailbox
     assert_equal ["x@d"], msg.recipients.map(&:mailbox)
     assert_equal "Subject: t\r\n\r\n.hi\r\n", msg.content
-    assert_equal ["192.0.2.7:4000", "c"], [msg.peer, msg.helo]
+    assert_equal ["192.0.2.7:4000", "c", nil, false], [msg.peer, msg.helo, msg.auth, msg.tls]
     assert_equal [:on_close, :quit], h.seen.last
   end
 
@@ -84,6 +84,9 @@ class TestHost < Minitest::Test
 
   def test_lmtp_verdict_per_recipient
     cfg = Smtpe::ServerConfig.new(lmtp: true)
+    h = Recorder.new(on_data: [250, 452])
+    out, = run_driver(h, SESSION.sub("EHLO", "LHLO"), config: cfg)
+    assert_match(/250 2.0.0 .*\r\n452 4.0.0 .*\r\n221/, out)
     h = Recorder.new(on_data: [nil, [452, "4.2.2", "Over quota"]])
     out, = run_driver(h, SESSION.sub("EHLO", "LHLO"), config: cfg)
     assert_match(/250 2.0.0 .*\r\n452 4.2.2 Over quota\r\n221/, out)

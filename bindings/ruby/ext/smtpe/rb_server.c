@@ -630,7 +630,8 @@ static uint64_t event_id(VALUE id)
  *
  * The verdict for the oldest event given that waits for one: reply code 200..599, enhanced
  * status code ("5.1.1"; nil: "x.0.0" from the code's class; RFC 3463), text (nil: a default;
- * "\n" between the lines of a multi-line reply; at most 32 lines of 400 octets). Meaning by
+ * a newline between the lines of a multi-line reply, but for HELO/EHLO; at most 32 lines of
+ * 400 octets). Meaning by
  * event as smtpe_server_reply gives it (2xx to MAIL starts the transaction, 354 to DATA, ...).
  * Returns :voided for a RCPT whose MAIL was refused (concurrent verdicts). Raises
  * Smtpe::StateError (no verdict owed), Smtpe::InvalidArgument, Smtpe::ReplyTooLong,

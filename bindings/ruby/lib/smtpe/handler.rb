@@ -3,7 +3,7 @@
 module Smtpe
   Reply = Struct.new(:code, :enhanced, :text)
   # A reply a handler gives as its verdict: code 200..599, enhanced status code ("5.1.1", nil:
-  # derived from the code's class), text (nil: the engine's default; "\n" separates lines).
+  # derived from the code's class), text (nil: the engine's default; a newline separates lines).
   class Reply
     singleton_class.send(:remove_method, :[])
     # A frozen Reply: Smtpe::Reply[550, "5.1.1", "No such user"].
@@ -17,17 +17,24 @@ module Smtpe
   # recipients:: frozen Array of the accepted forward-paths (Smtpe::Path), in order
   # content:: the content as received (a binary String, CRLF line ends, dot-unstuffed)
   # peer:: the client's address ("192.0.2.1:40000"), helo: its HELO/EHLO argument
-  Message = Struct.new(:reverse_path, :recipients, :content, :peer, :helo, :chunked)
+  # chunked:: the content came by BDAT (RFC 3030)
+  # auth:: the authentication identity AUTH succeeded with (authcid; nil if none), tls: TLS is up
+  Message = Struct.new(:reverse_path, :recipients, :content, :peer, :helo, :chunked, :auth, :tls)
 
   # The object a server asks for verdicts. Subclass it and override what you need; every method
   # returns a verdict:
   # - nil, true or :accept: the engine's positive reply (250, 354, ...);
   # - an Integer code (550), [code, enhanced, text], or a Smtpe::Reply;
-  # - for on_data under LMTP, an Array of verdicts, one per recipient (or one for all).
+  # - for on_data under LMTP, an Array of verdicts, one per recipient ([250, [452, "4.2.2",
+  #   "Over quota"]]: an Array holding no String), or one verdict for all.
+  # Reply texts may have several lines (a newline between them), but for HELO/EHLO, whose
+  # reply lines the engine writes.
   # A method may block (a lookup, a sleep): under a Fiber scheduler only its Fiber waits.
   # Methods are called for one session at a time from that session's Thread, Fiber or Ractor:
-  # a handler shared by sessions on several threads keeps its own state thread-safe, and the
-  # ractors model makes one handler per Ractor (Handler#dup or the factory you give).
+  # a handler shared by sessions on several threads keeps its own state thread-safe. Under the
+  # ractors model every Ractor uses the same handler, so Smtpe::Server makes it shareable
+  # (Ractor.make_shareable: it is frozen, with everything it refers to; keep state elsewhere),
+  # and a method that blocks holds up every session of its Ractor (its loop has no Fibers).
   class Handler
     # A new connection from peer ("addr:port"). A refusal (421, 554) closes it at once.
     def on_connect(peer)

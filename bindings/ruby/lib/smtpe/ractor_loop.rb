@@ -16,7 +16,8 @@ module Smtpe
       TRANSIENT = [Errno::EMFILE, Errno::ENFILE, Errno::ENOBUFS, Errno::ENOMEM,
                    Errno::ECONNABORTED, Errno::EPROTO, Errno::EPERM, Errno::EINTR].freeze
 
-      def initialize(host, port, factory, delay)
+      def initialize(host, port, factory, delay, stop_fd = nil)
+        @stop = stop_fd && IO.for_fd(stop_fd, autoclose: false)
         @host = host
         @port = port
         @factory = factory
@@ -35,7 +36,10 @@ module Smtpe
         @listener.bind(addr)
         @listener.listen(4096)
         Ractor.yield(:ready)
-        loop { turn }
+        turn until @stopped
+        @conns.each_value { |c| c.io.close rescue nil } # rubocop:disable Style/RescueModifier
+        @listener.close
+        nil
       end
 
       private
@@ -45,6 +49,8 @@ module Smtpe
         timeout = next_at && [(next_at - Smtpe.now_ms) / 1000.0, 0].max
         r, w = IO.select(readers, writers, nil, timeout)
         now = Smtpe.now_ms
+        return @stopped = true if r&.include?(@stop)
+
         r&.each { |io| io.equal?(@listener) ? accept_all(now) : (c = @conns[io]) && read(c, now) }
         w&.each { |io| (c = @conns[io]) && flush(c) }
         timers(now)
@@ -54,6 +60,7 @@ module Smtpe
       # replies due, and the earliest timer (a reply's delay, a session's deadline).
       def interest(now)
         readers = now >= @accept_after ? [@listener] : []
+        readers << @stop if @stop
         writers = []
         next_at = now >= @accept_after ? nil : @accept_after
         @conns.each_value do |c|

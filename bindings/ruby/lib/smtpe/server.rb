@@ -40,6 +40,7 @@ module Smtpe
                    workers: 2, reply_delay_ms: 0, tls_context: nil, driver: nil,
                    on_listening: nil)
       raise ArgumentError, "model: one of #{MODELS.join(", ")}" unless MODELS.include?(model)
+      raise ArgumentError, "tls_context: no STARTTLS under :ractors" if tls_context && model == :ractors
 
       @host, @port = Server.parse_address(listen)
       @model = model
@@ -78,6 +79,7 @@ module Smtpe
     def stop
       @stopping = true
       @children.each { |pid| Process.kill(:TERM, pid) rescue nil } # rubocop:disable Style/RescueModifier
+      @stop_w&.close rescue nil # rubocop:disable Style/RescueModifier
       # from another Thread: called in a trap, which runs on the Thread blocked in accept, close
       # raises "stream closed in another thread" into the trap and the accept never returns
       Thread.new(@listener) { |l| l&.close rescue nil } # rubocop:disable Style/RescueModifier
@@ -140,8 +142,15 @@ module Smtpe
       raise unless @stopping
     end
 
-    def fiber_loop(listener)
+    # The Fiber models need the async gem (Debian: ruby-async); said before anything listens.
+    def require_async
       require "async"
+    rescue LoadError => e
+      raise LoadError, "smtpe: model :#{@model} needs the async gem (~> 1.30; Debian: apt-get install " \
+                       "ruby-async; else gem install async -v '~> 1.30'): #{e.message}"
+    end
+
+    def fiber_loop(listener)
       Async do |task|
         # #stop from another Thread or a trap cannot wake the reactor: look every 100 ms
         task.async do
@@ -158,12 +167,14 @@ module Smtpe
     end
 
     def run_fibers
+      require_async
       @listener = listen_tcp
       listening(@listener)
       fiber_loop(@listener)
     end
 
     def run_prefork
+      require_async
       @listener = listen_tcp
       @children = Array.new(@workers) do
         fork do
@@ -185,29 +196,37 @@ module Smtpe
       port = probe.local_address.ip_port
       host = @host
       delay = @delay
-      ractors = Array.new(@workers) do
-        Ractor.new(host, port, factory, delay) do |h, p, f, d|
-          Smtpe::Server::RactorLoop.new(h, p, f, d).run
-        end
-      end
+      stop_r, @stop_w = IO.pipe # #stop closes @stop_w: every loop sees stop_r readable and ends
+      stop_fd = stop_r.fileno
+      Warning[:experimental] = false # the model was asked for: no "Ractor is experimental" line
+      ractors = Array.new(@workers) { start_ractor(host, port, factory, delay, stop_fd) }
       ractors.each(&:take) # each says :ready once it listens
       probe.close
       listening_port(port)
-      supervise(ractors, host, port, factory, delay)
+      supervise(ractors, host, port, factory, delay, stop_fd)
+      stop_r.close
+    end
+
+    def start_ractor(host, port, factory, delay, stop_fd)
+      Ractor.new(host, port, factory, delay, stop_fd) do |h, p, f, d, s|
+        Smtpe::Server::RactorLoop.new(h, p, f, d, s).run
+      end
     end
 
     # A Ractor whose loop died (a bug: each connection's errors are caught inside) is replaced,
     # so the server keeps its workers.
-    def supervise(ractors, host, port, factory, delay)
-      until @stopping
+    def supervise(ractors, host, port, factory, delay, stop_fd)
+      until ractors.empty?
         begin
           r, = Ractor.select(*ractors)
         rescue Ractor::RemoteError => e
           r = e.ractor
-          warn "smtpe: worker Ractor died: #{e.cause&.class}: #{e.cause&.message}; starting another"
+          warn "smtpe: worker Ractor died: #{e.cause&.class}: #{e.cause&.message}" unless @stopping
         end
         ractors.delete(r)
-        fresh = Ractor.new(host, port, factory, delay) { |h, p, f, d| Smtpe::Server::RactorLoop.new(h, p, f, d).run }
+        next if @stopping
+
+        fresh = start_ractor(host, port, factory, delay, stop_fd)
         fresh.take
         ractors << fresh
       end

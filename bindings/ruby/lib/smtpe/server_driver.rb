@@ -35,6 +35,8 @@ module Smtpe
       @tls = tls
       @session = ServerSession.new(config, now)
       @session.tls_started(now) if implicit_tls
+      @tls_up = implicit_tls
+      @auth = nil
       @lmtp = config.lmtp?
       @inbuf = String.new(capacity: 16_384, encoding: Encoding::BINARY)
       @sink = String.new(encoding: Encoding::BINARY)
@@ -81,6 +83,8 @@ module Smtpe
     def tls_started(now)
       @now = now
       @session.tls_started(now)
+      @tls_up = true
+      @auth = nil
       pump
     end
 
@@ -144,11 +148,17 @@ module Smtpe
       when Event::Timeout then finish(:timeout)
       when Event::ErrorLimit then finish(:error_limit)
       when Event::Starttls then @tls ? @session.accept : @session.reply(454, "4.7.0", "TLS not available")
-      when Event::Auth then verdict(call_handler(:on_auth, ev))
+      when Event::Auth then on_auth(ev)
       when Event::Vrfy then verdict(call_handler(:on_vrfy, ev))
       when Event::Expn then verdict(call_handler(:on_expn, ev))
       when Event::Unknown then verdict(call_handler(:on_unknown, ev))
       end
+    end
+
+    def on_auth(ev)
+      v = call_handler(:on_auth, ev)
+      @auth = ev.authcid || ev.mechanism if accepted?(v)
+      verdict(v)
     end
 
     def on_helo(ev)
@@ -174,10 +184,12 @@ module Smtpe
       content = @sink
       @sink = String.new(encoding: Encoding::BINARY)
       if ev.status == :ok
-        message = Message.new(@reverse_path, @recipients.freeze, content, @peer, @helo, ev.chunked)
+        message = Message.new(@reverse_path, @recipients.freeze, content, @peer, @helo, ev.chunked,
+                              @auth, @tls_up)
         v = call_handler(:on_data, message)
         if @lmtp
-          list = v.is_a?(Array) && !v.first.is_a?(Integer) ? v : [v] * ev.replies
+          # a list of verdicts holds no String; [451, "4.3.0", "Later"] is one verdict
+          list = v.is_a?(Array) && v.none?(String) ? v : [v] * ev.replies
           ev.replies.times { |i| verdict(list.fetch(i, list.last)) }
         else
           verdict(v)

@@ -58,7 +58,7 @@ module Smtpe
       # closed:: the ClientEvent::Closed
       def initialize(closed)
         @closed = closed
-        super("SMTP session ended: #{closed.reason} #{closed.code} #{closed.text}".strip)
+        super(["SMTP session ended:", closed.reason, closed.code, closed.text].compact.join(" "))
       end
     end
 
