@@ -135,6 +135,7 @@ class TestServerBinding < Minitest::Test
     assert_raises(TypeError) { s.feed(inbuf, "now") }
     assert_raises(RangeError) { s.feed(inbuf, -1) }
     assert_raises(FrozenError) { s.feed("frozen".freeze, 0) } # rubocop:disable Style/RedundantFreeze
+    assert_nil s.feed("", 0) # a frozen "" only takes events
     assert_nil s.reply(250)
   end
 

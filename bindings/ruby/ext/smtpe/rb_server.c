@@ -551,10 +551,11 @@ static void drain(rb_server *r, VALUE sink)
  * RFC 5321 §4.5.2) is appended to sink, and nil means the engine needs the host: more input,
  * the output sent (#take_output), or a verdict (#reply, #accept) for an event already given.
  * Call it again after each of those; feed("", now_ms) only takes events (after
- * #handle_expiry, say). sink: a String, or nil to drop content. now_ms: the monotonic clock
- * in ms; a completed command restarts the timeouts from it. An empty sink is made binary. The events of one read are all
- * taken before the next octets are fed (content spans die then), so a sink gets a message's
- * content before the DataEnd event is returned. Raises TypeError, FrozenError (inbuf).
+ * #handle_expiry, say; a frozen "" will do). sink: a String, or nil to drop content; an empty
+ * sink is made binary. now_ms: the monotonic clock in ms; a completed command restarts the
+ * timeouts from it. The events of one read are all taken before the next octets are fed
+ * (content spans die then), so a sink gets a message's content before the DataEnd event is
+ * returned. Raises TypeError, FrozenError (a non-empty inbuf, or sink).
  */
 static VALUE session_feed(int argc, VALUE *argv, VALUE self)
 {
@@ -563,7 +564,8 @@ static VALUE session_feed(int argc, VALUE *argv, VALUE self)
     rb_server *r = get_session(self);
     uint64_t now = rb_smtpe_now(now_ms);
     StringValue(inbuf);
-    rb_check_frozen(inbuf);
+    if (RSTRING_LEN(inbuf) > 0)
+        rb_check_frozen(inbuf); /* before the engine consumes what could not be removed */
     if (!NIL_P(sink)) {
         StringValue(sink);
         rb_str_modify(sink);
