@@ -72,7 +72,9 @@ module Smtpe
             writers << c.io
           end
           dl = c.driver.deadline
-          dl = c.stuck_since + WRITE_TIMEOUT_MS if c.stuck_since && (dl.nil? || c.stuck_since + WRITE_TIMEOUT_MS < dl)
+          if c.stuck_since && dl.nil?
+            dl = c.stuck_since + (c.driver.closed? ? 10_000 : WRITE_TIMEOUT_MS) # stuck_too_long?
+          end
           next_at = dl if dl && (next_at.nil? || dl < next_at)
         end
         [readers, writers, next_at]
