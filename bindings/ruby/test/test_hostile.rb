@@ -6,8 +6,9 @@
 # (smuggling, STARTTLS injection, a reset in the middle of DATA, resets before accept, fd
 # exhaustion, clients that never read), and Smtpe::SMTP against hostile servers.
 #
-# Cases marked "FAILS TODAY:" show a defect of the code as it is and are skipped so that the
-# suite stays green; each passes once its defect is fixed (remove its skip then).
+# The case marked "FAILS TODAY" shows a defect of the code as it is (the client engine's, left
+# for its own change) and is skipped so that the suite stays green; it passes once that defect
+# is fixed (remove its skip then). "Fixed" cases were such defects and now guard their fixes.
 require "minitest/autorun"
 require "smtpe"
 require "socket"
@@ -268,7 +269,7 @@ class TestHostileBinding < Minitest::Test
     assert_raises(FrozenError) { s.feed(+"EHLO x\r\n", 0, "".freeze) }
   end
 
-  # FAILS TODAY: ServerConfig has no initialize_copy: clone gives a frozen, Ractor-shareable
+  # Fixed (a regression case now): ServerConfig has no initialize_copy: clone gives a frozen, Ractor-shareable
   # config that is not initialized, and initialize then writes into that frozen object.
   def test_server_config_cannot_be_copied
     cfg = Smtpe::ServerConfig.new
@@ -276,7 +277,7 @@ class TestHostileBinding < Minitest::Test
     assert_raises(TypeError) { cfg.dup }
   end
 
-  # FAILS TODAY: session_reply takes enhanced's C pointer, then calls text's to_str, which may
+  # Fixed (a regression case now): session_reply takes enhanced's C pointer, then calls text's to_str, which may
   # free that pointer's buffer (heap-use-after-free under ASan, smtpe__enhanced_valid).
   def test_reply_text_to_str_cannot_free_enhanced
     s = Smtpe::ServerSession.new(Smtpe::ServerConfig.new, 0)
@@ -299,7 +300,7 @@ class TestHostileBinding < Minitest::Test
     assert_match(/\A250[ -]/, out)
   end
 
-  # FAILS TODAY: ServerConfig.new reads ehlo_extra with the length it had before an element's
+  # Fixed (a regression case now): ServerConfig.new reads ehlo_extra with the length it had before an element's
   # to_str ran: an element that empties the Array makes it read past its end (segfault).
   def test_ehlo_extra_shrunk_by_to_str
     list = nil
@@ -316,7 +317,7 @@ class TestHostileBinding < Minitest::Test
     pass
   end
 
-  # FAILS TODAY: attr_pairs (rb_client.c) uses the result of Hash#to_a as an Array unchecked.
+  # Fixed (a regression case now): attr_pairs (rb_client.c) uses the result of Hash#to_a as an Array unchecked.
   def test_xclient_hash_whose_to_a_is_no_array
     h = { "NAME" => "x" }
     h.define_singleton_method(:to_a) { 12_345 }
@@ -325,7 +326,7 @@ class TestHostileBinding < Minitest::Test
     pass
   end
 
-  # FAILS TODAY: #feed builds event Structs with rb_struct_new, which calls #initialize as a
+  # Fixed (a regression case now): #feed builds event Structs with rb_struct_new, which calls #initialize as a
   # Ruby method: Ruby code (and interrupts: Thread#raise, Timeout, signal traps, a Thread
   # switch) can run after the engine consumed octets and before they leave inbuf. An exception
   # there loses the event and leaves the consumed octets in inbuf (fed twice next time).
@@ -359,7 +360,7 @@ class TestHostileBinding < Minitest::Test
     assert(events.compact.any? { |e| e.is_a?(Smtpe::Event::Rset) }, "the Rset event is not lost")
   end
 
-  # FAILS TODAY: the same for the client: an Outcome taken from the engine is lost when its
+  # Fixed (a regression case now): the same for the client: an Outcome taken from the engine is lost when its
   # Struct's #initialize raises (take_event, rb_client.c).
   def test_client_feed_loses_no_event
     boom = Class.new(StandardError)
@@ -393,7 +394,7 @@ class TestHostileBinding < Minitest::Test
     assert(evs.any? { |e| e.is_a?(Smtpe::ClientEvent::Outcome) }, "the Outcome is not lost")
   end
 
-  # FAILS TODAY: #feed calls rb_str_modify(inbuf) before each recv, and rb_str_drop_bytes made
+  # Fixed (a regression case now): #feed calls rb_str_modify(inbuf) before each recv, and rb_str_drop_bytes made
   # inbuf shared: every event copies what is left, so a big inbuf costs O(n^2).
   def test_feed_cost_per_event_does_not_grow_with_inbuf
     cfg = Smtpe::ServerConfig.new(max_errors: 0)
@@ -525,7 +526,7 @@ class TestHostileHost < Minitest::Test
     end
   end
 
-  # FAILS TODAY: under :ractors a connection reset before accept makes remote_address raise
+  # Fixed (a regression case now): under :ractors a connection reset before accept makes remote_address raise
   # ENOTCONN in RactorLoop#accept_all (ractor_loop.rb:83); the Ractor dies and Ractor.select
   # in Server#run_ractors raises: the whole server exits.
   def test_ractors_survive_a_reset_before_accept
@@ -537,7 +538,7 @@ class TestHostileHost < Minitest::Test
     assert alive, err[-300..]
   end
 
-  # FAILS TODAY: accept(2) failing with EMFILE (fds exhausted, e.g. by clients that never
+  # Fixed (a regression case now): accept(2) failing with EMFILE (fds exhausted, e.g. by clients that never
   # read: see below) ends the :threads and :ractors servers and the accept loop of :fibers
   # and :prefork (the process stays, accepting nothing).
   def test_servers_survive_fd_exhaustion
@@ -553,7 +554,7 @@ class TestHostileHost < Minitest::Test
     end
   end
 
-  # FAILS TODAY: a handler raising an Exception that is no StandardError (NotImplementedError,
+  # Fixed (a regression case now): a handler raising an Exception that is no StandardError (NotImplementedError,
   # LoadError from a lazy require, ...) ends the :fibers, :prefork (each worker) and :ractors
   # servers (call_handler and serve rescue StandardError only).
   def test_handler_non_standard_error_ends_only_its_session
@@ -570,7 +571,7 @@ class TestHostileHost < Minitest::Test
     end
   end
 
-  # FAILS TODAY: a client that never reads blocks the server's write (Connection#write, or the
+  # Fixed (a regression case now): a client that never reads blocks the server's write (Connection#write, or the
   # Ractor loop's pending output) with no deadline: the engine's timeouts never fire, and the
   # connection (an fd, a Thread) is held for as long as the client likes.
   def test_client_that_never_reads_is_dropped
@@ -669,7 +670,7 @@ class TestHostileSMTPClient < Minitest::Test
     end
   end
 
-  # FAILS TODAY: SMTP#initialize raises without closing its socket.
+  # Fixed (a regression case now): SMTP#initialize raises without closing its socket.
   def test_failed_start_closes_its_socket
     srv = TCPServer.new("127.0.0.1", 0)
     th = Thread.new { loop { c = srv.accept; c.write("554 go away\r\n"); c.close } }
@@ -683,7 +684,7 @@ class TestHostileSMTPClient < Minitest::Test
     srv&.close
   end
 
-  # FAILS TODAY: SMTP#flush is a blocking IO#write with no deadline: a server that stops
+  # Fixed (a regression case now): SMTP#flush is a blocking IO#write with no deadline: a server that stops
   # reading hangs send_message forever (and data_block_timeout_ms is no accepted keyword).
   def test_server_that_stops_reading_does_not_hang_the_client
     script = lambda do |c|
@@ -699,7 +700,7 @@ class TestHostileSMTPClient < Minitest::Test
     end
   end
 
-  # FAILS TODAY: the STARTTLS handshake (SMTP#handshake, ssl.connect) has no deadline.
+  # Fixed (a regression case now): the STARTTLS handshake (SMTP#handshake, ssl.connect) has no deadline.
   def test_starttls_stall_is_an_smtp_error
     script = lambda do |c|
       prelude(c, ["STARTTLS"])
@@ -712,7 +713,7 @@ class TestHostileSMTPClient < Minitest::Test
     end
   end
 
-  # FAILS TODAY: a failed handshake raises OpenSSL::SSL::SSLError out of SMTP.start instead of
+  # Fixed (a regression case now): a failed handshake raises OpenSSL::SSL::SSLError out of SMTP.start instead of
   # Smtpe::SMTP::Error (the engine is never told: ClientSession#lost).
   def test_failed_tls_handshake_is_an_smtp_error
     script = lambda do |c|

@@ -487,7 +487,6 @@ class TestModels < Minitest::Test
   # Test 8, per model: Smtpe::SMTP (the client engine) against examples/server.rb: both
   # recipients delivered, the message byte-exact (BDAT, since server.rb offers CHUNKING).
   def check_client_binding(model)
-    skip "Smtpe::ClientSession is not defined yet (the client engine's binding)" unless defined?(Smtpe::ClientSession)
     with_ruby_server(model, dir: maildir) do |server|
       result = step do
         Smtpe::SMTP.start("127.0.0.1", server.port, helo: "client.example") do |smtp|
@@ -505,7 +504,6 @@ class TestModels < Minitest::Test
 
   # Test 8: Smtpe::SMTP against the C server smtpe-server: two messages on one session.
   def test_smtp_client_binding_against_smtpe_server
-    skip "Smtpe::ClientSession is not defined yet (the client engine's binding)" unless defined?(Smtpe::ClientSession)
     server_bin = File.join(c_build, "smtpe-server")
     help, = run_command(server_bin, "--help")
     %w[--listen --maildir --hostname --drain-seconds].each { |flag| assert_includes help, flag }
@@ -549,7 +547,6 @@ class TestModels < Minitest::Test
   # Test 8: per-recipient outcomes from an in-process Smtpe::Server (:threads, port 0) whose
   # handler refuses one of the recipients.
   def test_smtp_client_binding_per_recipient_outcomes
-    skip "Smtpe::ClientSession is not defined yet (the client engine's binding)" unless defined?(Smtpe::ClientSession)
     handler = RefusingHandler.new
     ready = Queue.new
     server = Smtpe::Server.new(listen: "127.0.0.1:0", handler: handler, model: :threads,
