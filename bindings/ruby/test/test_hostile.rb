@@ -677,7 +677,8 @@ class TestHostileSMTPClient < Minitest::Test
     GC.disable
     before = Dir.children("/proc/self/fd").size
     5.times { assert_raises(Smtpe::SMTP::Error) { Smtpe::SMTP.start("127.0.0.1", srv.addr[1]) } }
-    assert_equal before, Dir.children("/proc/self/fd").size
+    # not more than before (a descriptor of an earlier test may close meanwhile)
+    assert_operator Dir.children("/proc/self/fd").size, :<=, before
   ensure
     GC.enable
     th&.kill
