@@ -16,6 +16,8 @@ module Smtpe
     # Seconds a write may wait for the peer to read (RFC 5321 §4.5.3.2.7: the server waits 5
     # minutes for a command; a client that reads nothing as long is dropped, never held).
     WRITE_TIMEOUT = 300
+    # Seconds at most for a closing session's last reply to a peer that reads nothing.
+    LAST_REPLY_TIMEOUT = 10
 
     # io:: a connected socket; driver:: the session; tls_context:: an
     # OpenSSL::SSL::SSLContext for STARTTLS (nil: none); reply_delay:: seconds to wait before
@@ -97,13 +99,13 @@ module Smtpe
     end
 
     # Seconds a blocked write may wait: until the engine's own deadline (the peer that reads
-    # nothing is as late as one that sends nothing), 10 s for a closing session's last reply,
+    # nothing is as late as one that sends nothing), LAST_REPLY_TIMEOUT for a closing session,
     # else write_timeout.
     def write_wait
       deadline = @driver.deadline
       return [(deadline - Smtpe.now_ms) / 1000.0, 0].max if deadline
 
-      @driver.closed? ? [@write_timeout, 10].min : @write_timeout
+      @driver.closed? ? [@write_timeout, LAST_REPLY_TIMEOUT].min : @write_timeout
     end
 
     # STARTTLS accepted and its 220 written: the handshake, then the session starts afresh.

@@ -10,11 +10,10 @@ module Smtpe
     class RactorLoop # :nodoc:
       Conn = Struct.new(:io, :driver, :out, :write_at, :stuck_since)
       READ_SIZE = 16_384
-      # ms a connection's output may wait for the peer to read (Connection::WRITE_TIMEOUT)
-      WRITE_TIMEOUT_MS = 300_000
-      # accept(2) errors of the moment (Server::TRANSIENT_ACCEPT): accepting pauses 100 ms
-      TRANSIENT = [Errno::EMFILE, Errno::ENFILE, Errno::ENOBUFS, Errno::ENOMEM,
-                   Errno::ECONNABORTED, Errno::EPROTO, Errno::EPERM, Errno::EINTR].freeze
+      # ms a connection's output may wait for the peer to read, and for a closing session's
+      # last reply: Connection's bounds
+      WRITE_TIMEOUT_MS = Connection::WRITE_TIMEOUT * 1000
+      LAST_REPLY_TIMEOUT_MS = Connection::LAST_REPLY_TIMEOUT * 1000
 
       def initialize(host, port, factory, delay, stop_fd = nil)
         @stop = stop_fd && IO.for_fd(stop_fd, autoclose: false)
@@ -29,12 +28,7 @@ module Smtpe
 
       # Listens, says :ready (Ractor.yield), then serves until the process ends.
       def run
-        addr = Addrinfo.tcp(@host, @port)
-        @listener = Socket.new(addr.afamily, :STREAM, 0)
-        @listener.setsockopt(:SOCKET, :REUSEADDR, true)
-        @listener.setsockopt(:SOCKET, :REUSEPORT, true)
-        @listener.bind(addr)
-        @listener.listen(4096)
+        @listener = Server.bind_tcp(@host, @port, reuseport: true)
         Ractor.yield(:ready)
         turn until @stopped
         @conns.each_value { |c| c.io.close rescue nil } # rubocop:disable Style/RescueModifier
@@ -73,7 +67,7 @@ module Smtpe
           end
           dl = c.driver.deadline
           if c.stuck_since && dl.nil?
-            dl = c.stuck_since + (c.driver.closed? ? 10_000 : WRITE_TIMEOUT_MS) # stuck_too_long?
+            dl = c.stuck_since + stuck_limit(c) # as stuck_too_long?
           end
           next_at = dl if dl && (next_at.nil? || dl < next_at)
         end
@@ -93,12 +87,16 @@ module Smtpe
       end
 
       # Output waiting for a peer that reads nothing: dropped at the engine's deadline (or after
-      # WRITE_TIMEOUT_MS, 10 s for a closing session's last reply), as Connection#write_wait.
+      # WRITE_TIMEOUT_MS, LAST_REPLY_TIMEOUT_MS for a closing session), as Connection#write_wait.
       def stuck_too_long?(c, now)
         dl = c.driver.deadline
         return dl <= now if dl
 
-        now - c.stuck_since > (c.driver.closed? ? 10_000 : WRITE_TIMEOUT_MS)
+        now - c.stuck_since > stuck_limit(c)
+      end
+
+      def stuck_limit(c)
+        c.driver.closed? ? LAST_REPLY_TIMEOUT_MS : WRITE_TIMEOUT_MS
       end
 
       # Runs one connection's step; whatever it raises ends that connection only.
@@ -119,7 +117,7 @@ module Smtpe
 
           open_conn(sock, now)
         end
-      rescue *TRANSIENT => e
+      rescue *Server::TRANSIENT_ACCEPT => e
         warn "smtpe: accept: #{e.message}; pausing 100 ms"
         @accept_after = now + 100
       end

@@ -63,6 +63,18 @@ module Smtpe
       ->(peer) { klass.new(peer: peer, **kwargs) }
     end
 
+    # A TCP socket bound to host:port (SO_REUSEADDR; SO_REUSEPORT when reuseport), listening
+    # when listen. A class method, so that every Ractor's loop makes its listener with it.
+    def self.bind_tcp(host, port, reuseport: false, listen: true)
+      addr = Addrinfo.tcp(host, port)
+      sock = Socket.new(addr.afamily, :STREAM, 0)
+      sock.setsockopt(:SOCKET, :REUSEADDR, true)
+      sock.setsockopt(:SOCKET, :REUSEPORT, true) if reuseport
+      sock.bind(addr)
+      sock.listen(4096) if listen
+      sock
+    end
+
     # "host:port" -> [host, port]; raises ArgumentError.
     def self.parse_address(text)
       m = /\A(?:\[([^\]]+)\]|([^:\[\]]+)):(\d+)\z/.match(text) or
@@ -87,26 +99,24 @@ module Smtpe
 
     private
 
-    def listen_tcp(reuseport: false)
-      addr = Addrinfo.tcp(@host, @port)
-      sock = Socket.new(addr.afamily, :STREAM, 0)
-      sock.setsockopt(:SOCKET, :REUSEADDR, true)
-      sock.setsockopt(:SOCKET, :REUSEPORT, true) if reuseport
-      sock.bind(addr)
-      sock.listen(4096)
-      sock
+    def listen_tcp
+      Server.bind_tcp(@host, @port, listen: true)
     end
 
     def listening(sock)
-      @address = "#{@host.include?(":") ? "[#{@host}]" : @host}:#{sock.local_address.ip_port}"
+      listening_port(sock.local_address.ip_port)
+    end
+
+    def listening_port(port)
+      @address = "#{@host.include?(":") ? "[#{@host}]" : @host}:#{port}"
       @on_listening&.call(@address)
     end
 
     # accept(2) errors that are the moment's, not the listener's: out of descriptors or memory
     # (clients holding connections), or a connection reset before it was accepted.
+    # (Frozen Classes: shareable, so the Ractor loops use it too.)
     TRANSIENT_ACCEPT = [Errno::EMFILE, Errno::ENFILE, Errno::ENOBUFS, Errno::ENOMEM,
                         Errno::ECONNABORTED, Errno::EPROTO, Errno::EPERM, Errno::EINTR].freeze
-    private_constant :TRANSIENT_ACCEPT
 
     def accept(listener)
       loop do
@@ -192,7 +202,7 @@ module Smtpe
       factory = Ractor.make_shareable(@factory)
       # the port first (a bound socket that never listens takes no connections), then one
       # listener per Ractor on it
-      probe = listen_probe
+      probe = Server.bind_tcp(@host, @port, reuseport: true, listen: false)
       port = probe.local_address.ip_port
       host = @host
       delay = @delay
@@ -232,19 +242,6 @@ module Smtpe
       end
     end
 
-    def listen_probe
-      addr = Addrinfo.tcp(@host, @port)
-      sock = Socket.new(addr.afamily, :STREAM, 0)
-      sock.setsockopt(:SOCKET, :REUSEADDR, true)
-      sock.setsockopt(:SOCKET, :REUSEPORT, true)
-      sock.bind(addr)
-      sock
-    end
-
-    def listening_port(port)
-      @address = "#{@host.include?(":") ? "[#{@host}]" : @host}:#{port}"
-      @on_listening&.call(@address)
-    end
   end
 end
 
