@@ -419,12 +419,6 @@ static VALUE cfg_memory_size(VALUE self)
     return SIZET2NUM(cfg_ready(self)->memory_size);
 }
 
-/* :nodoc: A config cannot be copied (it is frozen: share it instead). */
-static VALUE no_copy(VALUE self, VALUE other)
-{
-    rb_raise(rb_eTypeError, "%" PRIsVALUE " cannot be copied", rb_obj_class(self));
-    UNREACHABLE_RETURN(Qnil);
-}
 
 /* ---------------------------------------------------------------------------------------------
  * Smtpe::ClientSession
@@ -1262,7 +1256,7 @@ void rb_smtpe_init_client(VALUE mSmtpe)
     rb_gc_register_address(&cConfig);
     rb_define_alloc_func(cConfig, cfg_alloc);
     rb_define_method(cConfig, "initialize", cfg_initialize, -1);
-    rb_define_method(cConfig, "initialize_copy", no_copy, 1);
+    rb_define_method(cConfig, "initialize_copy", rb_smtpe_no_copy, 1);
     rb_define_method(cConfig, "memory_size", cfg_memory_size, 0);
 
     /* Document-class: Smtpe::ClientSession
@@ -1272,7 +1266,7 @@ void rb_smtpe_init_client(VALUE mSmtpe)
     rb_gc_register_address(&cSession);
     rb_define_alloc_func(cSession, sess_alloc);
     rb_define_method(cSession, "initialize", sess_initialize, 2);
-    rb_define_method(cSession, "initialize_copy", no_copy, 1);
+    rb_define_method(cSession, "initialize_copy", rb_smtpe_no_copy, 1);
     rb_define_method(cSession, "feed", sess_feed, 2);
     rb_define_method(cSession, "submit", sess_submit, -1);
     rb_define_method(cSession, "content", sess_content, -1);

@@ -830,14 +830,6 @@ static VALUE session_stats(VALUE self)
     return rb_obj_freeze(v);
 }
 
-/* Configs and sessions are not copied: a copy of a session would share its engine memory. */
-static VALUE no_copy(VALUE self, VALUE other)
-{
-    (void)other;
-    rb_raise(rb_eTypeError, "can't copy %" PRIsVALUE, rb_obj_class(self));
-    return Qnil;
-}
-
 static VALUE keep(VALUE v)
 {
     rb_gc_register_mark_object(v);
@@ -927,7 +919,7 @@ void rb_smtpe_init_server(VALUE mSmtpe)
     cServerConfig = rb_define_class_under(mSmtpe, "ServerConfig", rb_cObject);
     rb_define_alloc_func(cServerConfig, config_alloc);
     rb_define_method(cServerConfig, "initialize", config_initialize, -1);
-    rb_define_method(cServerConfig, "initialize_copy", no_copy, 1);
+    rb_define_method(cServerConfig, "initialize_copy", rb_smtpe_no_copy, 1);
     rb_define_method(cServerConfig, "memory_size", config_memory_size, 0);
     rb_define_method(cServerConfig, "lmtp?", config_lmtp_p, 0);
     rb_define_method(cServerConfig, "hostname", config_hostname, 0);
@@ -938,7 +930,7 @@ void rb_smtpe_init_server(VALUE mSmtpe)
     cServerSession = rb_define_class_under(mSmtpe, "ServerSession", rb_cObject);
     rb_define_alloc_func(cServerSession, session_alloc);
     rb_define_method(cServerSession, "initialize", session_initialize, 2);
-    rb_define_method(cServerSession, "initialize_copy", no_copy, 1);
+    rb_define_method(cServerSession, "initialize_copy", rb_smtpe_no_copy, 1);
     rb_define_method(cServerSession, "feed", session_feed, -1);
     rb_define_method(cServerSession, "reply", session_reply, -1);
     rb_define_method(cServerSession, "accept", session_accept, 0);

@@ -161,6 +161,13 @@ size_t rb_smtpe_take_output(VALUE out, void *session,
     return total;
 }
 
+VALUE rb_smtpe_no_copy(VALUE self, VALUE other)
+{
+    (void)other;
+    rb_raise(rb_eTypeError, "%" PRIsVALUE " cannot be copied", rb_obj_class(self));
+    UNREACHABLE_RETURN(Qnil);
+}
+
 /*
  * call-seq: Smtpe.engine_version -> String
  *

@@ -64,6 +64,10 @@ size_t rb_smtpe_take_output(VALUE out, void *session,
                             const uint8_t *(*take)(void *session, size_t *len),
                             int (*ack)(void *session, size_t n));
 
+/* initialize_copy of the configs and sessions: raises TypeError. A session's copy would share
+ * its engine memory; a config is frozen, so it is shared, never copied. */
+VALUE rb_smtpe_no_copy(VALUE self, VALUE other);
+
 void rb_smtpe_init_server(VALUE mSmtpe);
 void rb_smtpe_init_client(VALUE mSmtpe);
 
