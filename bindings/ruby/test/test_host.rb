@@ -182,4 +182,33 @@ class TestHost < Minitest::Test
       assert_operator elapsed, :<, 0.9, "5 sessions each waiting 0.2 s in one Fiber scheduler"
     end
   end
+
+  # The sweeper's read: the octets win over a later deadline, a passed deadline ends the wait
+  # (false) within a sweep, and no Fiber is left registered either way.
+  def test_deadline_sweeper_ends_reads_at_the_deadline
+    require "async"
+    r, w = IO.pipe
+    sweeper = Smtpe::DeadlineSweeper.new(interval: 0.05)
+    results = []
+    Async do |task|
+      sweep = task.async { sweeper.run }
+      task.async { sleep(0.02) && w.write("x") }
+      results << task.async { sweeper.wait_readable(r, Smtpe.now_ms + 10_000) }.wait
+      r.read(1)
+      t0 = Smtpe.now_ms
+      results << task.async { sweeper.wait_readable(r, t0 + 100) }.wait
+      results << (Smtpe.now_ms - t0)
+      results << sweeper.sweep(Smtpe.now_ms + 1_000_000)
+      sweep.stop
+    ensure
+      w.close
+    end
+    assert results[0], "readable octets end the wait"
+    assert_equal false, results[1], "a passed deadline ends the wait with false"
+    assert_operator results[2], :>=, 100
+    assert_operator results[2], :<, 1000
+    assert_equal 0, results[3], "no Fiber left waiting"
+  ensure
+    r&.close
+  end
 end

@@ -571,6 +571,28 @@ class TestHostileHost < Minitest::Test
     end
   end
 
+  # An idle client gets the engine's 421 4.4.2 at its command timeout under every model (the
+  # Fiber models' reads have no timer of their own: the DeadlineSweeper ends them, up to its
+  # 1 s interval late), and the connection is closed.
+  def test_idle_client_gets_421_at_the_deadline
+    %w[threads fibers prefork ractors].each do |model|
+      with_child_server(server_script(model, timeout_ms: 1000)) do |port|
+        s = Socket.tcp("127.0.0.1", port)
+        assert_match(/\A220 /, s.gets)
+        s.write("EHLO c\r\n")
+        nil until s.gets.start_with?("250 ")
+        t0 = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        line = Timeout.timeout(10) { s.gets }
+        waited = Process.clock_gettime(Process::CLOCK_MONOTONIC) - t0
+        assert_match(/\A421 4\.4\.2 /, line, model)
+        assert_operator waited, :>=, 0.9, model
+        assert_operator waited, :<, 4, "#{model}: the 1 s timeout ended the session after #{waited} s"
+        assert_nil Timeout.timeout(5) { s.gets }, "#{model}: closed after the 421"
+        s.close
+      end
+    end
+  end
+
   # Fixed (a regression case now): a client that never reads blocks the server's write (Connection#write, or the
   # Ractor loop's pending output) with no deadline: the engine's timeouts never fire, and the
   # connection (an fd, a Thread) is held for as long as the client likes.

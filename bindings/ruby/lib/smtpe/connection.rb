@@ -23,9 +23,13 @@ module Smtpe
     # OpenSSL::SSL::SSLContext for STARTTLS (nil: none); reply_delay:: seconds to wait before
     # each write (the study's 10 ms "work" before each reply; 0 for none); write_timeout::
     # seconds a write may wait for the peer to read before the connection is dropped, when the
-    # engine has no deadline of its own (its command and data timeouts bound writes too).
-    def initialize(io, driver, tls_context: nil, reply_delay: 0, write_timeout: WRITE_TIMEOUT)
+    # engine has no deadline of its own (its command and data timeouts bound writes too);
+    # sweeper:: a DeadlineSweeper that wakes this connection's reads at the engine's deadline
+    # (nil: each read waits with a timeout of its own).
+    def initialize(io, driver, tls_context: nil, reply_delay: 0, write_timeout: WRITE_TIMEOUT,
+                   sweeper: nil)
       @write_timeout = write_timeout
+      @sweeper = sweeper
       @io = io
       @driver = driver
       @tls_context = tls_context
@@ -64,9 +68,7 @@ module Smtpe
       raw = @io.to_io
       loop do
         unless @io.is_a?(OpenSSL::SSL::SSLSocket) && @io.pending.positive?
-          deadline = @driver.deadline
-          wait = deadline && [(deadline - Smtpe.now_ms) / 1000.0, 0].max
-          return @driver.expire(Smtpe.now_ms) unless raw.wait_readable(wait)
+          return @driver.expire(Smtpe.now_ms) unless wait_readable(raw)
         end
         data = @io.read_nonblock(READ_SIZE, @buf, exception: false)
         case data
@@ -78,6 +80,14 @@ module Smtpe
         else return @driver.receive(data, Smtpe.now_ms)
         end
       end
+    end
+
+    # Waits until the peer's octets are there (truthy) or the engine's deadline passed (false).
+    def wait_readable(raw)
+      deadline = @driver.deadline
+      return @sweeper.wait_readable(@waiter ||= @sweeper.waiter(raw), deadline) if @sweeper
+
+      raw.wait_readable(deadline && [(deadline - Smtpe.now_ms) / 1000.0, 0].max)
     end
 
     def write(out)
@@ -124,9 +134,73 @@ module Smtpe
     end
 
     def close
+      @sweeper&.release(@waiter) if @waiter
       @io.close unless @io.closed?
     rescue IOError, SystemCallError
       nil
+    end
+  end
+
+  # The reads of one async 1.x scheduler's connections, at less cost than IO#wait_readable
+  # with a timeout, which starts and cancels a timer and registers and removes the descriptor
+  # with the reactor at every wait (a wait per command of every session, though in a healthy
+  # session no deadline ever passes):
+  # - each connection gets a #waiter, registered with the reactor once for its life;
+  # - each read waits without a timeout; once every +interval+ seconds the sweeper raises
+  #   Expired into the Fibers whose engine deadline has passed, so a deadline ends a read up
+  #   to +interval+ late (RFC 5321 §4.5.3.2's timeouts are minutes).
+  # Needs async 1.x, whose waits are Fiber.yield: Fiber#raise then resumes the waiting Fiber
+  # from the sweeper's, as async's own timers resume it from the reactor's. One per scheduler,
+  # #run in a Fiber of its own; every call from that scheduler's Fibers.
+  class DeadlineSweeper
+    # Raised into a waiting Fiber whose deadline has passed; rescued by #wait_readable.
+    class Expired < StandardError; end
+
+    # Seconds between sweeps.
+    INTERVAL = 1.0
+
+    # interval:: seconds between sweeps (how late a deadline may end a read).
+    def initialize(interval: INTERVAL)
+      @interval = interval
+      @waiting = {} # Fiber => deadline (Smtpe.now_ms milliseconds)
+    end
+
+    # A waiter for +io+ kept for the connection's life, registered with the reactor once
+    # (a plain IO#wait_readable registers and removes the descriptor at every wait).
+    def waiter(io) = Async::Wrapper.new(io)
+
+    # Removes +waiter+ from the reactor; before its IO is closed.
+    def release(waiter) = waiter.reactor = nil
+
+    # Waits until +io+ (a #waiter, or an IO) is readable (returns truthy) or +deadline+
+    # (Smtpe.now_ms milliseconds; nil: none) has passed (returns false, up to the interval
+    # late).
+    def wait_readable(io, deadline)
+      return io.wait_readable unless deadline
+
+      fiber = Fiber.current
+      @waiting[fiber] = deadline
+      io.wait_readable
+    rescue Expired
+      false
+    ensure
+      @waiting.delete(fiber) if fiber
+    end
+
+    # Sweeps every interval until its Fiber is stopped. Returns never.
+    def run
+      loop do
+        sleep(@interval)
+        sweep(Smtpe.now_ms)
+      end
+    end
+
+    # Wakes the Fibers waiting past their deadline at +now+ (milliseconds). Returns how many.
+    def sweep(now)
+      due = []
+      @waiting.each { |fiber, deadline| due << fiber if deadline <= now }
+      due.each { |fiber| fiber.raise(Expired) if @waiting.key?(fiber) }
+      due.size
     end
   end
 end

@@ -133,7 +133,8 @@ module Smtpe
     def serve(sock)
       peer = sock.remote_address.inspect_sockaddr
       sock.setsockopt(:TCP, :NODELAY, true)
-      Connection.new(sock, @factory.call(peer), tls_context: @tls_context, reply_delay: @delay).run
+      Connection.new(sock, @factory.call(peer), tls_context: @tls_context, reply_delay: @delay,
+                                                 sweeper: @sweeper).run
     rescue SystemCallError, IOError
       sock.close rescue nil # rubocop:disable Style/RescueModifier: reset before it started
     rescue StandardError, ScriptError => e
@@ -166,6 +167,10 @@ module Smtpe
         task.async do
           sleep(0.1) until @stopping
           task.stop
+        end
+        if Async::VERSION.start_with?("1.") # its waits are Fiber.yield: see DeadlineSweeper
+          @sweeper = DeadlineSweeper.new
+          task.async { @sweeper.run }
         end
         until @stopping
           sock = accept(listener)
