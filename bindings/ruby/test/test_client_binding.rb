@@ -153,7 +153,6 @@ class TestClientBinding < Minitest::Test
     assert_raises(ArgumentError) { Smtpe::ClientConfig.new(line_ending: :keep) }
     assert_raises(ArgumentError) { Smtpe::ClientConfig.new(max_recipients: -1) }
     assert_raises(ArgumentError) { Smtpe::ClientConfig.new(max_recipients: 2**40) }
-    assert_raises(TypeError) { Smtpe::ClientConfig.new(lmtp: 1) }
     assert_raises(TypeError) { Smtpe::ClientConfig.new(helo_name: 5) }
     assert_raises(TypeError) { Smtpe::ClientConfig.new(helo_name: nil) }
     assert_raises(TypeError) { Smtpe::ClientConfig.new(max_reply_line: "512") }
@@ -171,6 +170,29 @@ class TestClientBinding < Minitest::Test
     assert_raises(RuntimeError) { CFG.send(:initialize) }
     assert_raises(TypeError) { CFG.dup }
     assert_raises(RuntimeError) { Smtpe::ClientSession.new(Smtpe::ClientConfig.allocate, 0) }
+  end
+
+  # Boolean keywords read as Ruby reads a flag (RTEST): nil and false are false, anything else
+  # true, as ServerConfig's do.
+  def test_boolean_keywords_are_truthy
+    pr = peer(Smtpe::ClientConfig.new(helo_name: "client.example", lmtp: 1, pipelining: nil))
+    pr.server("220 mx\r\n")
+    assert_equal "LHLO client.example\r\n", pr.client
+    pr = ready_peer(CFG, %w[PIPELINING SMTPUTF8 8BITMIME])
+    pr.session.submit(reverse_path: "alice@example.com", recipients: ["bob@example.org"],
+                      smtputf8: "yes", requiretls: nil)
+    assert_equal "MAIL FROM:<alice@example.com> SMTPUTF8\r\nRCPT TO:<bob@example.org>\r\n" \
+                 "DATA\r\n", pr.client
+  end
+
+  # Server text is UTF-8 when it is well-formed UTF-8, else binary.
+  def test_server_text_encoding
+    pr = ready_peer
+    pr.session.submit(reverse_path: "", recipients: ["a@b.example", "c@d.example"])
+    pr.client
+    evs = pr.server("250 ok\r\n550 5.1.1 caf\xC3\xA9\r\n550 5.1.1 caf\xE9\r\n354 go\r\n".b)
+    assert_equal ["café", "caf\xE9".b], evs.first(2).map(&:text)
+    assert_equal [Encoding::UTF_8, Encoding::BINARY], evs.first(2).map { |e| e.text.encoding }
   end
 
   # --- a whole session -------------------------------------------------------------------------
@@ -484,7 +506,6 @@ class TestClientBinding < Minitest::Test
     bad.call(Smtpe::InvalidArgument, [{ address: R, orcpt: "no-type" }])
     bad.call(ArgumentError, body: :"9bit")
     bad.call(ArgumentError, ret: :all)
-    bad.call(TypeError, smtputf8: 1)
     bad.call(Smtpe::InvalidArgument, mt_priority: 10)
     bad.call(ArgumentError, by_time: 60)
     bad.call(ArgumentError, by_mode: "X")

@@ -15,21 +15,14 @@
  */
 #include "rb_smtpe.h"
 
-#include <stdarg.h>
 #include <string.h>
 
 /* Written once in rb_smtpe_init_client (registered with the GC), read after. */
 static VALUE cConfig, cSession;
 static VALUE cReady, cStarttls, cAuthStep, cContent, cOutcome, cDone, cClosed;
-static VALUE eInvalidArgument, eStateError;
 
-/* SMTPE_EXT_* bits in order, and their Symbols' IDs (Ready#extensions). */
-static const char *const ext_names[] = {
-    "pipelining", "size", "8bitmime", "smtputf8", "enhancedstatuscodes", "starttls",
-    "chunking", "binarymime", "dsn", "requiretls", "mt_priority", "deliverby", "xclient",
-    "xforward"};
-#define EXT_COUNT (sizeof ext_names / sizeof *ext_names)
-static ID ext_ids[EXT_COUNT];
+/* The IDs of rb_smtpe_ext_names, bit i at [i] (Ready#extensions). */
+static ID ext_ids[RB_SMTPE_EXT_COUNT];
 
 /* SMTPE_OUTCOME_* 1..4 and SMTPE_CLOSE_* 0..8. */
 static ID outcome_ids[5];
@@ -43,84 +36,9 @@ static ID close_ids[CLOSE_COUNT];
  * Small conversions
  * ------------------------------------------------------------------------------------------- */
 
-/* Raises klass (a Smtpe::Error) with code (SMTPE_ERR_*) as #code and a message of our own. */
-NORETURN(static void raise_err(VALUE klass, int code, const char *fmt, ...));
-static void raise_err(VALUE klass, int code, const char *fmt, ...)
-{
-    va_list ap;
-    VALUE msg, exc;
-    va_start(ap, fmt);
-    msg = rb_vsprintf(fmt, ap);
-    va_end(ap);
-    exc = rb_exc_new_str(klass, msg);
-    rb_iv_set(exc, "@code", INT2FIX(code));
-    rb_exc_raise(exc);
-}
-
-/* A Symbol's name among names[0..n): its index; ArgumentError naming key otherwise. */
-static int sym_index(VALUE v, const char *key, const char *const *names, int n)
-{
-    if (SYMBOL_P(v)) {
-        ID id = SYM2ID(v);
-        for (int i = 0; i < n; i++)
-            if (id == rb_intern(names[i]))
-                return i;
-    }
-    rb_raise(rb_eArgError, "%s: unknown value %" PRIsVALUE, key, rb_inspect(v));
-    UNREACHABLE_RETURN(0);
-}
-
-static int opt_bool(VALUE v, const char *key)
-{
-    if (v == Qtrue)
-        return 1;
-    if (v == Qfalse)
-        return 0;
-    rb_raise(rb_eTypeError, "%s: must be true or false", key);
-    UNREACHABLE_RETURN(0);
-}
-
-/* 1 if p[0..len) is well-formed UTF-8. */
-static int utf8_valid(const uint8_t *p, size_t len)
-{
-    const char *s = (const char *)p, *e = s + len;
-    rb_encoding *enc = rb_utf8_encoding();
-    while (s < e) {
-        if ((uint8_t)*s < 0x80) {
-            s++;
-            continue;
-        }
-        int r = rb_enc_precise_mbclen(s, e, enc);
-        if (!MBCLEN_CHARFOUND_P(r))
-            return 0;
-        s += MBCLEN_CHARFOUND_LEN(r);
-    }
-    return 1;
-}
-
-/* A frozen copy of a span of server text: UTF-8 when it is well-formed UTF-8, else binary. */
-static VALUE text_str(smtpe_span s)
-{
-    return rb_smtpe_str(s.ptr, s.len, utf8_valid(s.ptr, s.len));
-}
-
 static VALUE code_or_nil(unsigned code)
 {
     return code ? UINT2NUM(code) : Qnil;
-}
-
-/* A String argument as a frozen String whose octets hold no NUL (the engine reads
- * NUL-terminated strings): TypeError for a non-String, Smtpe::InvalidArgument naming what. */
-static VALUE frozen_cstr(VALUE v, const char *what)
-{
-    if (!RB_TYPE_P(v, T_STRING))
-        rb_raise(rb_eTypeError, "%s: must be a String (got %" PRIsVALUE ")", what,
-                 rb_obj_class(v));
-    v = rb_str_new_frozen(v);
-    if (memchr(RSTRING_PTR(v), 0, (size_t)RSTRING_LEN(v)) != NULL)
-        raise_err(eInvalidArgument, SMTPE_ERR_INVALID_ARGUMENT, "%s: contains a NUL octet",
-                  what);
-    return v;
 }
 
 /* Copies str (a String with no NUL) into *at as a NUL-terminated string; returns it. */
@@ -173,8 +91,8 @@ static VALUE attr_pairs(VALUE v, const char *key, size_t *octets)
         value = rb_ary_entry(pair, 1);
         if (SYMBOL_P(name))
             name = rb_sym2str(name);
-        name = frozen_cstr(name, key);
-        value = frozen_cstr(value, key);
+        name = rb_smtpe_cstr_str(name, key);
+        value = rb_smtpe_cstr_str(value, key);
         rb_ary_push(out, name);
         rb_ary_push(out, value);
         *octets += (size_t)RSTRING_LEN(name) + (size_t)RSTRING_LEN(value);
@@ -256,26 +174,15 @@ static const char *cfg_string(client_cfg *k, VALUE opts, const char *key, int sl
     VALUE v = rb_smtpe_opt(opts, key);
     if (v == Qundef)
         return dflt;
-    if (!NIL_P(v) && !RB_TYPE_P(v, T_STRING))
-        rb_raise(rb_eTypeError, "%s: must be a String or nil", key);
     k->str[slot] = rb_smtpe_cstr_dup(v, key);
     if (k->str[slot])
         k->owned += strlen(k->str[slot]) + 1;
     return k->str[slot];
 }
 
-#define CFG_BOOL(field)                                                                         \
-    do {                                                                                        \
-        VALUE v_ = rb_smtpe_opt(opts, #field);                                                  \
-        if (v_ != Qundef)                                                                       \
-            c->field = opt_bool(v_, #field);                                                    \
-    } while (0)
-#define CFG_UINT(field, max)                                                                    \
-    do {                                                                                        \
-        VALUE v_ = rb_smtpe_opt(opts, #field);                                                  \
-        if (v_ != Qundef)                                                                       \
-            c->field = rb_smtpe_opt_uint(v_, #field, 0, (max));                                 \
-    } while (0)
+/* The keyword named as the field of c; absent, the field keeps its default. */
+#define CFG_BOOL(field) (c->field = rb_smtpe_kw_bool(opts, #field, c->field))
+#define CFG_UINT(field, max) (c->field = rb_smtpe_kw_uint(opts, #field, 0, (max), c->field))
 
 static void cfg_xclient(client_cfg *k, VALUE opts)
 {
@@ -371,11 +278,11 @@ static VALUE cfg_initialize(int argc, VALUE *argv, VALUE self)
         static const char *const names[] = {"none", "opportunistic", "required", "implicit"};
         static const smtpe_tls_policy vals[] = {SMTPE_TLS_NONE, SMTPE_TLS_OPPORTUNISTIC,
                                                 SMTPE_TLS_REQUIRED, SMTPE_TLS_IMPLICIT};
-        c->tls = vals[sym_index(v, "tls", names, 4)];
+        c->tls = vals[rb_smtpe_sym_index(v, "tls", names, 4)];
     }
     if ((v = rb_smtpe_opt(opts, "line_ending")) != Qundef) {
         static const char *const names[] = {"normalise", "refuse"};
-        c->line_ending = sym_index(v, "line_ending", names, 2) == 0
+        c->line_ending = rb_smtpe_sym_index(v, "line_ending", names, 2) == 0
                              ? SMTPE_LINE_ENDING_NORMALISE
                              : SMTPE_LINE_ENDING_REFUSE;
     }
@@ -526,7 +433,7 @@ static VALUE ready_value(const smtpe_client_caps *caps)
 {
     VALUE exts = rb_ary_new(), auth = rb_ary_new();
     smtpe_span a = caps->auth;
-    for (size_t i = 0; i < EXT_COUNT; i++)
+    for (size_t i = 0; i < RB_SMTPE_EXT_COUNT; i++)
         if (caps->extensions & (1u << i))
             rb_ary_push(exts, ID2SYM(ext_ids[i]));
     for (size_t i = 0; i < a.len;) {
@@ -535,7 +442,7 @@ static VALUE ready_value(const smtpe_client_caps *caps)
             j++;
         if (j > i) {
             smtpe_span word = {a.ptr + i, j - i};
-            rb_ary_push(auth, text_str(word));
+            rb_ary_push(auth, rb_smtpe_span(word, RB_SMTPE_TEXT));
         }
         i = j + 1;
     }
@@ -561,8 +468,8 @@ static VALUE outcome_value(client_sess *s, const smtpe_client_outcome *o)
 {
     VALUE rcpt = NIL_P(s->rcpts) ? Qnil : rb_ary_entry(s->rcpts, (long)o->index);
     VALUE kind = o->outcome >= 1 && o->outcome <= 4 ? ID2SYM(outcome_ids[o->outcome]) : Qnil;
-    VALUE enhanced = o->enhanced.len ? text_str(o->enhanced) : Qnil;
-    VALUE text = text_str(o->text);
+    VALUE enhanced = rb_smtpe_span_or_nil(o->enhanced, o->enhanced.len > 0, RB_SMTPE_TEXT);
+    VALUE text = rb_smtpe_span(o->text, RB_SMTPE_TEXT);
     return rb_obj_freeze(rb_smtpe_struct(cOutcome, 8, SIZET2NUM(o->index), rcpt, kind,
                                        code_or_nil(o->code), enhanced, text,
                                        o->local ? Qtrue : Qfalse,
@@ -584,7 +491,7 @@ static VALUE take_event(client_sess *s)
     case SMTPE_CEV_AUTH_STEP: {
         VALUE chal = ev.auth_step.step == 0
                          ? Qnil
-                         : rb_smtpe_str(ev.auth_step.challenge.ptr, ev.auth_step.challenge.len, 0);
+                         : rb_smtpe_span(ev.auth_step.challenge, RB_SMTPE_BINARY);
         return rb_obj_freeze(rb_smtpe_struct(cAuthStep, 2, UINT2NUM(ev.auth_step.step), chal));
     }
     case SMTPE_CEV_CONTENT: {
@@ -605,7 +512,7 @@ static VALUE take_event(client_sess *s)
         int r = ev.closed.reason;
         VALUE reason = r >= 0 && (size_t)r < CLOSE_COUNT ? ID2SYM(close_ids[r]) : INT2FIX(r);
         return rb_obj_freeze(rb_smtpe_struct(cClosed, 3, reason, code_or_nil(ev.closed.code),
-                                           text_str(ev.closed.text)));
+                                           rb_smtpe_span(ev.closed.text, RB_SMTPE_TEXT)));
     }
     default:
         return Qnil;
@@ -682,7 +589,7 @@ static unsigned notify_bits(VALUE v)
     if (!RB_TYPE_P(v, T_ARRAY))
         rb_raise(rb_eTypeError, "notify: must be an Array of Symbols");
     for (long i = 0; i < RARRAY_LEN(v); i++)
-        n |= bits[sym_index(rb_ary_entry(v, i), "notify", names, 4)];
+        n |= bits[rb_smtpe_sym_index(rb_ary_entry(v, i), "notify", names, 4)];
     return n;
 }
 
@@ -699,10 +606,11 @@ static void plan_rcpts(txn_plan *p, VALUE list, VALUE notifies, unsigned max)
     long n;
     if (!RB_TYPE_P(list, T_ARRAY))
         rb_raise(rb_eTypeError, "recipients: must be an Array");
+    list = rb_ary_dup(list); /* a to_str below cannot change what we walk */
     n = RARRAY_LEN(list);
     if (n < 1 || (unsigned long)n > max)
-        raise_err(eInvalidArgument, SMTPE_ERR_INVALID_ARGUMENT,
-                  "recipients: must hold 1..%u (the config's max_recipients)", max);
+        rb_smtpe_raisef(SMTPE_ERR_INVALID_ARGUMENT,
+                        "recipients: must hold 1..%u (the config's max_recipients)", max);
     p->rcpts = rb_ary_new_capa(n);
     p->orcpts = rb_ary_new_capa(n);
     for (long i = 0; i < n; i++) {
@@ -717,18 +625,19 @@ static void plan_rcpts(txn_plan *p, VALUE list, VALUE notifies, unsigned max)
             notify = notify_bits(rb_smtpe_opt(r, "notify"));
             v = rb_smtpe_opt(r, "orcpt");
             if (v != Qundef && !NIL_P(v)) {
-                orcpt = frozen_cstr(v, "orcpt");
+                orcpt = rb_smtpe_cstr_str(v, "orcpt");
                 p->octets += (size_t)RSTRING_LEN(orcpt) + 1;
             }
         } else {
             addr = r;
         }
-        addr = frozen_cstr(addr, "recipients");
+        addr = rb_smtpe_cstr_str(addr, "recipients");
         p->octets += (size_t)RSTRING_LEN(addr) + 1;
         rb_ary_push(p->rcpts, addr);
         rb_ary_push(p->orcpts, orcpt);
         rb_ary_push(notifies, UINT2NUM(notify));
     }
+    RB_GC_GUARD(list);
 }
 
 /* An optional String keyword as a frozen String (nil when absent or nil). */
@@ -737,7 +646,7 @@ static VALUE opt_cstr(VALUE opts, const char *key, size_t *octets)
     VALUE v = rb_smtpe_opt(opts, key);
     if (v == Qundef || NIL_P(v))
         return Qnil;
-    v = frozen_cstr(v, key);
+    v = rb_smtpe_cstr_str(v, key);
     *octets += (size_t)RSTRING_LEN(v) + 1;
     return v;
 }
@@ -750,16 +659,14 @@ static void txn_scalars(smtpe_client_txn *t, VALUE opts)
         static const char *const names[] = {"7bit", "8bitmime", "binarymime"};
         static const smtpe_body_type vals[] = {SMTPE_BODY_7BIT, SMTPE_BODY_8BITMIME,
                                                SMTPE_BODY_BINARYMIME};
-        t->body = vals[sym_index(v, "body", names, 3)];
+        t->body = vals[rb_smtpe_sym_index(v, "body", names, 3)];
     }
     if ((v = rb_smtpe_opt(opts, "ret")) != Qundef && !NIL_P(v)) {
         static const char *const names[] = {"full", "hdrs"};
-        t->ret = sym_index(v, "ret", names, 2) == 0 ? SMTPE_RET_FULL : SMTPE_RET_HDRS;
+        t->ret = rb_smtpe_sym_index(v, "ret", names, 2) == 0 ? SMTPE_RET_FULL : SMTPE_RET_HDRS;
     }
-    if ((v = rb_smtpe_opt(opts, "smtputf8")) != Qundef)
-        t->smtputf8 = opt_bool(v, "smtputf8");
-    if ((v = rb_smtpe_opt(opts, "requiretls")) != Qundef)
-        t->requiretls = opt_bool(v, "requiretls");
+    t->smtputf8 = rb_smtpe_kw_bool(opts, "smtputf8", t->smtputf8);
+    t->requiretls = rb_smtpe_kw_bool(opts, "requiretls", t->requiretls);
     if ((v = rb_smtpe_opt(opts, "mt_priority")) != Qundef && !NIL_P(v)) {
         if (!RB_INTEGER_TYPE_P(v))
             rb_raise(rb_eTypeError, "mt_priority: must be an Integer");
@@ -830,14 +737,13 @@ static VALUE sess_submit(int argc, VALUE *argv, VALUE self)
     rb_scan_args(argc, argv, ":", &opts);
     rb_smtpe_check_keys(opts, submit_keys);
     if (s->txn)
-        raise_err(eStateError, SMTPE_ERR_STATE,
-                  "ClientSession#submit: a transaction is under way");
+        rb_smtpe_raisef(SMTPE_ERR_STATE, "ClientSession#submit: a transaction is under way");
     memset(&t, 0, sizeof t);
 
     v = rb_smtpe_opt(opts, "reverse_path");
     if (v == Qundef)
         rb_raise(rb_eArgError, "missing keyword: :reverse_path");
-    p.reverse_path = frozen_cstr(v, "reverse_path");
+    p.reverse_path = rb_smtpe_cstr_str(v, "reverse_path");
     p.octets += (size_t)RSTRING_LEN(p.reverse_path) + 1;
     v = rb_smtpe_opt(opts, "recipients");
     if (v == Qundef)
@@ -922,14 +828,13 @@ static VALUE sess_submit(int argc, VALUE *argv, VALUE self)
 static VALUE sess_content(int argc, VALUE *argv, VALUE self)
 {
     client_sess *s = sess_of(self);
-    VALUE str, opts = Qnil, v;
+    VALUE str, opts = Qnil;
     static const char *const keys[] = {"last", NULL};
-    int last = 0;
+    int last;
     smtpe_ssize n;
     rb_scan_args(argc, argv, "1:", &str, &opts);
     rb_smtpe_check_keys(opts, keys);
-    if ((v = rb_smtpe_opt(opts, "last")) != Qundef)
-        last = opt_bool(v, "last");
+    last = rb_smtpe_kw_bool(opts, "last", 0);
     StringValue(str);
     n = smtpe_client_content(s->c, (const uint8_t *)RSTRING_PTR(str), (size_t)RSTRING_LEN(str),
                              last);
@@ -1204,35 +1109,20 @@ static VALUE sess_caps(VALUE self)
  * Init
  * ------------------------------------------------------------------------------------------- */
 
-/* *slot = the constant name of m (a class), registered with the GC. */
-static void init_const(VALUE m, const char *name, VALUE *slot)
-{
-    *slot = rb_const_get_at(m, rb_intern(name));
-    rb_gc_register_address(slot);
-}
-
-static void want_const(VALUE m, const char *name, unsigned bit)
-{
-    if (!rb_const_defined_at(m, rb_intern(name)))
-        rb_define_const(m, name, UINT2NUM(bit));
-}
-
 void rb_smtpe_init_client(VALUE mSmtpe)
 {
     VALUE mEvent;
     mSmtpe = rb_define_module("Smtpe"); /* the same module; written so that RDoc knows it */
     mEvent = rb_const_get_at(mSmtpe, rb_intern("ClientEvent"));
-    init_const(mEvent, "Ready", &cReady);
-    init_const(mEvent, "Starttls", &cStarttls);
-    init_const(mEvent, "AuthStep", &cAuthStep);
-    init_const(mEvent, "Content", &cContent);
-    init_const(mEvent, "Outcome", &cOutcome);
-    init_const(mEvent, "TransactionDone", &cDone);
-    init_const(mEvent, "Closed", &cClosed);
-    init_const(mSmtpe, "InvalidArgument", &eInvalidArgument);
-    init_const(mSmtpe, "StateError", &eStateError);
-    for (size_t i = 0; i < EXT_COUNT; i++)
-        ext_ids[i] = rb_intern(ext_names[i]);
+    cReady = rb_smtpe_const(mEvent, "Ready");
+    cStarttls = rb_smtpe_const(mEvent, "Starttls");
+    cAuthStep = rb_smtpe_const(mEvent, "AuthStep");
+    cContent = rb_smtpe_const(mEvent, "Content");
+    cOutcome = rb_smtpe_const(mEvent, "Outcome");
+    cDone = rb_smtpe_const(mEvent, "TransactionDone");
+    cClosed = rb_smtpe_const(mEvent, "Closed");
+    for (size_t i = 0; i < RB_SMTPE_EXT_COUNT; i++)
+        ext_ids[i] = rb_intern(rb_smtpe_ext_names[i]);
     outcome_ids[0] = 0;
     outcome_ids[SMTPE_OUTCOME_DELIVERED] = rb_intern("delivered");
     outcome_ids[SMTPE_OUTCOME_PERMANENT] = rb_intern("permanent");
@@ -1240,14 +1130,7 @@ void rb_smtpe_init_client(VALUE mSmtpe)
     outcome_ids[SMTPE_OUTCOME_UNKNOWN] = rb_intern("unknown");
     for (size_t i = 0; i < CLOSE_COUNT; i++)
         close_ids[i] = rb_intern(close_names[i]);
-
-    want_const(mSmtpe, "WANT_READ", SMTPE_WANT_READ);
-    want_const(mSmtpe, "WANT_WRITE", SMTPE_WANT_WRITE);
-    want_const(mSmtpe, "WANT_CLOSE", SMTPE_WANT_CLOSE);
-    want_const(mSmtpe, "WANT_VERDICT", SMTPE_WANT_VERDICT);
-    want_const(mSmtpe, "WANT_EVENT", SMTPE_WANT_EVENT);
-    want_const(mSmtpe, "WANT_TLS", SMTPE_WANT_TLS);
-    want_const(mSmtpe, "WANT_CONTENT", SMTPE_WANT_CONTENT);
+    /* the Smtpe::WANT_* constants are rb_smtpe_init_server's, which Init_smtpe runs first */
 
     /* Document-class: Smtpe::ClientConfig
      * A client engine configuration: frozen once made, shareable between Ractors, used by

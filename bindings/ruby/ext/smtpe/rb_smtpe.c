@@ -24,28 +24,53 @@ static void x_free(void *ptr, void *ud)
 
 const smtpe_allocator rb_smtpe_allocator = {x_alloc, x_free, NULL};
 
-void rb_smtpe_raise(int err, const char *what)
+static VALUE error_class(int err)
 {
-    VALUE klass = rb_smtpe_eError;
     switch (err) {
-    case SMTPE_ERR_INVALID_ARGUMENT: klass = eInvalidArgument; break;
-    case SMTPE_ERR_STATE: klass = eStateError; break;
-    case SMTPE_ERR_REPLY_TOO_LONG: klass = eReplyTooLong; break;
-    case SMTPE_ERR_BUFFER_TOO_SMALL: klass = eBufferTooSmall; break;
-    case SMTPE_ERR_NOMEM: klass = eNoMemory; break;
-    case SMTPE_ERR_CONFIG: klass = eConfigError; break;
-    default: break;
+    case SMTPE_ERR_INVALID_ARGUMENT: return eInvalidArgument;
+    case SMTPE_ERR_STATE: return eStateError;
+    case SMTPE_ERR_REPLY_TOO_LONG: return eReplyTooLong;
+    case SMTPE_ERR_BUFFER_TOO_SMALL: return eBufferTooSmall;
+    case SMTPE_ERR_NOMEM: return eNoMemory;
+    case SMTPE_ERR_CONFIG: return eConfigError;
+    default: return rb_smtpe_eError;
     }
-    VALUE exc = rb_exc_new_str(klass, rb_sprintf("%s: %s", what, smtpe_strerror(err)));
+}
+
+NORETURN(static void raise_msg(int err, VALUE msg));
+static void raise_msg(int err, VALUE msg)
+{
+    VALUE exc = rb_exc_new_str(error_class(err), msg);
     rb_iv_set(exc, "@code", INT2FIX(err));
     rb_exc_raise(exc);
 }
 
-VALUE rb_smtpe_str(const uint8_t *p, size_t len, int utf8)
+void rb_smtpe_raise(int err, const char *what)
 {
-    VALUE s = utf8 ? rb_utf8_str_new((const char *)p, (long)len)
-                   : rb_str_new((const char *)p, (long)len);
+    raise_msg(err, rb_sprintf("%s: %s", what, smtpe_strerror(err)));
+}
+
+void rb_smtpe_raisef(int err, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    VALUE msg = rb_vsprintf(fmt, ap);
+    va_end(ap);
+    raise_msg(err, msg);
+}
+
+VALUE rb_smtpe_str(const uint8_t *p, size_t len, int enc)
+{
+    VALUE s = enc == RB_SMTPE_BINARY ? rb_str_new((const char *)p, (long)len)
+                                     : rb_utf8_str_new((const char *)p, (long)len);
+    if (enc == RB_SMTPE_TEXT && rb_enc_str_coderange(s) == ENC_CODERANGE_BROKEN)
+        rb_enc_associate(s, rb_ascii8bit_encoding());
     return rb_obj_freeze(s);
+}
+
+VALUE rb_smtpe_span(smtpe_span s, int enc)
+{
+    return rb_smtpe_str(s.ptr, s.len, enc);
 }
 
 VALUE rb_smtpe_struct(VALUE klass, int n, ...)
@@ -63,23 +88,33 @@ VALUE rb_smtpe_struct(VALUE klass, int n, ...)
     return st;
 }
 
-VALUE rb_smtpe_span_or_nil(smtpe_span s, int has, int utf8)
+VALUE rb_smtpe_span_or_nil(smtpe_span s, int has, int enc)
 {
-    return has ? rb_smtpe_str(s.ptr, s.len, utf8) : Qnil;
+    return has ? rb_smtpe_str(s.ptr, s.len, enc) : Qnil;
+}
+
+VALUE rb_smtpe_cstr_str(VALUE str, const char *name)
+{
+    VALUE s = rb_check_string_type(str);
+    if (NIL_P(s))
+        rb_raise(rb_eTypeError, "%s: must be a String (got %" PRIsVALUE ")", name,
+                 rb_obj_class(str));
+    s = rb_str_new_frozen(s);
+    if (memchr(RSTRING_PTR(s), 0, (size_t)RSTRING_LEN(s)) != NULL)
+        rb_smtpe_raisef(SMTPE_ERR_INVALID_ARGUMENT, "%s: contains a NUL octet", name);
+    return s;
 }
 
 char *rb_smtpe_cstr_dup(VALUE str, const char *name)
 {
     if (NIL_P(str))
         return NULL;
-    StringValue(str);
-    long len = RSTRING_LEN(str);
-    const char *p = RSTRING_PTR(str);
-    if (memchr(p, 0, (size_t)len) != NULL)
-        rb_raise(eInvalidArgument, "%s: contains a NUL octet", name);
-    char *copy = ruby_xmalloc((size_t)len + 1);
-    memcpy(copy, p, (size_t)len);
+    str = rb_smtpe_cstr_str(str, name);
+    size_t len = (size_t)RSTRING_LEN(str);
+    char *copy = ruby_xmalloc(len + 1);
+    memcpy(copy, RSTRING_PTR(str), len);
     copy[len] = 0;
+    RB_GC_GUARD(str);
     return copy;
 }
 
@@ -138,6 +173,51 @@ uint64_t rb_smtpe_opt_uint(VALUE v, const char *key, uint64_t lo, uint64_t hi)
         rb_raise(rb_eArgError, "%s: must be %llu..%llu", key, (unsigned long long)lo,
                  (unsigned long long)hi);
     return n;
+}
+
+uint64_t rb_smtpe_kw_uint(VALUE opts, const char *key, uint64_t lo, uint64_t hi, uint64_t dflt)
+{
+    VALUE v = rb_smtpe_opt(opts, key);
+    return v == Qundef ? dflt : rb_smtpe_opt_uint(v, key, lo, hi);
+}
+
+int rb_smtpe_kw_bool(VALUE opts, const char *key, int dflt)
+{
+    VALUE v = rb_smtpe_opt(opts, key);
+    return v == Qundef ? dflt : RTEST(v) ? 1 : 0;
+}
+
+int rb_smtpe_sym_index(VALUE v, const char *key, const char *const *names, int n)
+{
+    if (SYMBOL_P(v)) {
+        ID id = SYM2ID(v);
+        for (int i = 0; i < n; i++)
+            if (id == rb_intern(names[i]))
+                return i;
+    }
+    rb_raise(rb_eArgError, "%s: unknown value %" PRIsVALUE, key, rb_inspect(v));
+    UNREACHABLE_RETURN(0);
+}
+
+const char *const rb_smtpe_ext_names[RB_SMTPE_EXT_COUNT] = {
+    "pipelining", "size", "8bitmime", "smtputf8", "enhancedstatuscodes", "starttls",
+    "chunking", "binarymime", "dsn", "requiretls", "mt_priority", "deliverby", "xclient",
+    "xforward"};
+_Static_assert(SMTPE_EXT_PIPELINING == 1u << 0 && SMTPE_EXT_SIZE == 1u << 1 &&
+                   SMTPE_EXT_8BITMIME == 1u << 2 && SMTPE_EXT_SMTPUTF8 == 1u << 3 &&
+                   SMTPE_EXT_ENHANCEDSTATUSCODES == 1u << 4 && SMTPE_EXT_STARTTLS == 1u << 5 &&
+                   SMTPE_EXT_CHUNKING == 1u << 6 && SMTPE_EXT_BINARYMIME == 1u << 7 &&
+                   SMTPE_EXT_DSN == 1u << 8 && SMTPE_EXT_REQUIRETLS == 1u << 9 &&
+                   SMTPE_EXT_MT_PRIORITY == 1u << 10 && SMTPE_EXT_DELIVERBY == 1u << 11 &&
+                   SMTPE_EXT_XCLIENT == 1u << 12 && SMTPE_EXT_XFORWARD == 1u << 13 &&
+                   RB_SMTPE_EXT_COUNT == 14,
+               "rb_smtpe_ext_names holds the SMTPE_EXT_* names in the order of their bits");
+
+VALUE rb_smtpe_const(VALUE mod, const char *name)
+{
+    VALUE v = rb_const_get_at(mod, rb_intern(name));
+    rb_gc_register_mark_object(v);
+    return v;
 }
 
 size_t rb_smtpe_take_output(VALUE out, void *session,
