@@ -24,17 +24,18 @@ module Smtpe
     # each write (the study's 10 ms "work" before each reply; 0 for none); write_timeout::
     # seconds a write may wait for the peer to read before the connection is dropped, when the
     # engine has no deadline of its own (its command and data timeouts bound writes too);
-    # sweeper:: a DeadlineSweeper that wakes this connection's reads at the engine's deadline
-    # (nil: each read waits with a timeout of its own).
+    # sweeper:: a DeadlineSweeper that wakes this connection's reads at the engine's deadline,
+    # and whose read buffer it reads into (nil: each read waits with a timeout of its own, into
+    # a buffer of the connection's own).
     def initialize(io, driver, tls_context: nil, reply_delay: 0, write_timeout: WRITE_TIMEOUT,
                    sweeper: nil)
       @write_timeout = write_timeout
       @sweeper = sweeper
+      @buf = sweeper ? sweeper.read_buffer : String.new(capacity: READ_SIZE, encoding: Encoding::BINARY)
       @io = io
       @driver = driver
       @tls_context = tls_context
       @reply_delay = reply_delay
-      @buf = String.new(capacity: READ_SIZE, encoding: Encoding::BINARY)
     end
 
     # Runs the session to its end and closes the IO. Returns nil.
@@ -149,6 +150,8 @@ module Smtpe
   # - each read waits without a timeout; once every +interval+ seconds the sweeper raises
   #   Expired into the Fibers whose engine deadline has passed, so a deadline ends a read up
   #   to +interval+ late (RFC 5321 §4.5.3.2's timeouts are minutes).
+  # - the connections read into one #read_buffer: a read's octets go to the driver's #receive
+  #   at once, which takes a copy before it can wait (a buffer each: 16 KiB a session).
   # Needs async 1.x, whose waits are Fiber.yield: Fiber#raise then resumes the waiting Fiber
   # from the sweeper's, as async's own timers resume it from the reactor's. One per scheduler,
   # #run in a Fiber of its own; every call from that scheduler's Fibers.
@@ -159,9 +162,13 @@ module Smtpe
     # Seconds between sweeps.
     INTERVAL = 1.0
 
+    # The String the connections read into; its octets are valid until the reading Fiber waits.
+    attr_reader :read_buffer
+
     # interval:: seconds between sweeps (how late a deadline may end a read).
     def initialize(interval: INTERVAL)
       @interval = interval
+      @read_buffer = String.new(capacity: Connection::READ_SIZE, encoding: Encoding::BINARY)
       @waiting = {} # Fiber => deadline (Smtpe.now_ms milliseconds)
     end
 

@@ -38,9 +38,9 @@ module Smtpe
       @tls_up = implicit_tls
       @auth = nil
       @lmtp = config.lmtp?
-      @inbuf = String.new(capacity: 16_384, encoding: Encoding::BINARY)
+      @inbuf = String.new(encoding: Encoding::BINARY)
       @sink = String.new(encoding: Encoding::BINARY)
-      @out = String.new(capacity: 4096, encoding: Encoding::BINARY)
+      @out = String.new(encoding: Encoding::BINARY)
       @now = now
       @helo = nil
       @closed_reason = nil
@@ -60,9 +60,10 @@ module Smtpe
       output
     end
 
-    # Gives the engine the octets read (a binary String, any split) and returns the octets to
-    # send: every reply owed so far, in order, in one String (empty when none). The String is
-    # reused by the next call: write it before calling again.
+    # Gives the engine the octets read (a binary String, any split; copied before any handler
+    # runs, so +data+ may be a read buffer that others reuse) and returns the octets to send:
+    # every reply owed so far, in order, in one String (empty when none). The String is reused
+    # by the next call: write it before calling again.
     def receive(data, now)
       @now = now
       @inbuf << data
