@@ -132,6 +132,9 @@ struct smtpe_client {
     size_t a_off, a_end, b_end;
     uint64_t written, acked; /* octets queued and acknowledged, in all (ring and spans) */
     uint64_t handed;         /* octets handed to the host by send_buf/send_iov, in all */
+    uint32_t reply_handed, reply_acked; /* handed and acked (mod 2^32, as sent_cmd.end)
+                                           when the reply being parsed had its first octet
+                                           taken: what it can be answering */
     uint64_t ring_written, ring_acked;
     size_t ext_head, ext_count, ext_off, ext_held; /* the spans: ext[] below */
     smtpe_span reply_enh;    /* the enhanced status code of the reply being handled */
@@ -2325,12 +2328,15 @@ static void on_reply(smtpe_client *c)
         return;
     }
     kind = c->sent[c->sent_head].kind;
-    int handed = (int32_t)(c->sent[c->sent_head].end - (uint32_t)c->handed) <= 0;
+    /* judged as at the reply's first octet, not its last: a server cannot be answering
+     * octets it had not been sent when it began the reply (a "250" before the dot, its CRLF
+     * after the host wrote the dot, is no verdict on the dot) */
+    int handed = (int32_t)(c->sent[c->sent_head].end - c->reply_handed) <= 0;
     /* a 421 is the verdict on the end of the content only once the host wrote all of it (a
      * server that has not read it cannot be answering it): before that it is the session's
      * 421, and the end, handed out and so perhaps still written, leaves the recipients
      * unknown (found by a hostile-server trial: temporary, then the rest of the dot went) */
-    int written = (int32_t)(c->sent[c->sent_head].end - (uint32_t)c->acked) <= 0;
+    int written = (int32_t)(c->sent[c->sent_head].end - c->reply_acked) <= 0;
     if (code == 421 && (!handed || (kind != K_QUIT && kind != K_DOT && kind != K_BDAT_LAST) ||
                         (kind != K_QUIT && !written))) {
         close_session(c, SMTPE_CLOSE_SERVER_421, code, rest, 0); /* RFC 5321 §3.8: any time */
@@ -2446,6 +2452,13 @@ smtpe_ssize smtpe_client_recv(smtpe_client *c, const uint8_t *buf, size_t n, uin
         if (c->auth_owed || c->auth_step_ready) {
             protocol_error(c, "a reply while the AUTH response is being prepared");
             continue;
+        }
+        if (c->rp.total == 0) { /* this call takes the first octet of a new reply */
+            /* what the reply may answer is what was handed out (and written) before it
+             * began; host calls until its last octet change nothing of that. rp.total counts
+             * every octet of the reply, so a later line does not take this again */
+            c->reply_handed = (uint32_t)c->handed;
+            c->reply_acked = (uint32_t)c->acked;
         }
         r = smtpe__reply_feed(&c->rp, buf + off, n - off, &used);
         off += used;

@@ -2345,6 +2345,203 @@ static void test_reply_before_dot_handed(void **st)
     raw_free(&r);
 }
 
+/* ---- a reply is judged by its first octet ----------------------------------------------
+ * FIXED (found by the gem's hostile review, bindings/ruby/test/test_hostile.rb): a reply was
+ * judged by its last octet, so "250 2.0.0 queued" before the dot was handed out and its CRLF
+ * after the dot was written was the verdict on the dot, the recipient delivered. A server
+ * cannot be answering octets it has not read: a reply whose first octet came before its
+ * command was handed to the host answers nothing the client sent. */
+
+#define BDAT_CAPS "250-mx\r\n250-PIPELINING\r\n250 CHUNKING\r\n"
+
+/* Feeds s to the session piece octets per call (0: whole), taking events between calls. */
+static void raw_feed_split(raw *r, const char *s, size_t piece)
+{
+    size_t n = strlen(s), off = 0;
+    while (off < n) {
+        size_t k = piece && piece < n - off ? piece : n - off;
+        smtpe_ssize got = smtpe_client_recv(r->c, (const uint8_t *)s + off, k, 0);
+        assert_true(got > 0);
+        off += (size_t)got;
+        raw_events(r);
+    }
+}
+
+/* A transaction of n recipients up to where the end of the content is the next thing to
+ * send: DATA's 354 came (or, under BDAT, the replies to MAIL and RCPT). */
+static void raw_to_content(raw *r, int bdat, size_t n)
+{
+    raw_ready(r, bdat ? BDAT_CAPS : r->cfg.lmtp ? "250-lmtp\r\n250 PIPELINING\r\n" : CAPS, n);
+    for (size_t i = 0; i <= n; i++) /* the MAIL's 250 and each RCPT's */
+        raw_feed(r, "250 ok\r\n");
+    if (!bdat)
+        raw_feed(r, "354 go\r\n");
+}
+
+/* The end of the content in what the host wrote. */
+static int raw_out_has_end(raw *r, int bdat)
+{
+    ob_put(&r->out, "", 0); /* a NUL after the octets, not counted */
+    return strstr((const char *)r->out.p, bdat ? " LAST\r\n" : "\r\n.\r\n") != NULL;
+}
+
+/* DATA and BDAT LAST; the content given before the reply's first octet (queued, not handed)
+ * or only after it; the early part fed whole, in threes, octet by octet: the reply is "a
+ * reply with no command outstanding", and the recipient, whose end of content then went out
+ * with no reply to it, unknown, never delivered. */
+static void test_reply_begun_before_end_handed(void **st)
+{
+    (void)st;
+    static const size_t pieces[] = {0, 3, 1};
+    for (int v = 0; v < 12; v++) {
+        int bdat = v & 1, given = v >> 1 & 1;
+        size_t piece = pieces[v >> 2];
+        raw r;
+        raw_init(&r);
+        raw_to_content(&r, bdat, 1);
+        if (given)
+            assert_int_equal(smtpe_client_content(r.c, (const uint8_t *)"x\r\n", 3, 1), 3);
+        raw_feed_split(&r, "250 2.0.0 queued", piece);
+        if (!given)
+            assert_int_equal(smtpe_client_content(r.c, (const uint8_t *)"x\r\n", 3, 1), 3);
+        assert_int_equal(r.closed_reason, -1);
+        r.out.len = 0;
+        raw_write(&r, SIZE_MAX); /* handed out and written... */
+        assert_true(raw_out_has_end(&r, bdat));
+        raw_feed(&r, "\r\n"); /* ...before the reply's CRLF */
+        assert_int_equal(r.closed_reason, SMTPE_CLOSE_PROTOCOL_ERROR);
+        assert_int_equal(r.n_outcomes[0], 1);
+        assert_int_equal(r.outcomes[0], SMTPE_OUTCOME_UNKNOWN);
+        assert_int_equal(r.codes[0], 0);
+        raw_free(&r);
+    }
+}
+
+/* A multi-line reply is judged by its first line's first octet: later lines that come after
+ * the end was written do not make it the verdict on the end. */
+static void test_multiline_reply_begun_before_end_handed(void **st)
+{
+    (void)st;
+    for (int bdat = 0; bdat <= 1; bdat++) {
+        raw r;
+        raw_init(&r);
+        raw_to_content(&r, bdat, 1);
+        assert_int_equal(smtpe_client_content(r.c, (const uint8_t *)"x\r\n", 3, 1), 3);
+        raw_feed(&r, "250-2.0.0 queued\r\n250-2.0.0 as");
+        assert_int_equal(r.closed_reason, -1);
+        raw_write(&r, SIZE_MAX);
+        raw_feed(&r, " 1234\r\n250 2.0.0 ok\r\n");
+        assert_int_equal(r.closed_reason, SMTPE_CLOSE_PROTOCOL_ERROR);
+        assert_int_equal(r.n_outcomes[0], 1);
+        assert_int_equal(r.outcomes[0], SMTPE_OUTCOME_UNKNOWN);
+        raw_free(&r);
+    }
+}
+
+/* A 421 begun after the end was handed out but before it was all written is not the verdict
+ * on it (the server has not read it all): the session's 421, the recipient unknown (the end
+ * was written after all); begun before the end was handed out: the same. Begun once it was
+ * written: the verdict, temporary with the 421. */
+static void test_421_begun_before_end_written(void **st)
+{
+    (void)st;
+    for (int v = 0; v < 6; v++) {
+        int bdat = v & 1, stage = v >> 1; /* 0: not handed, 1: handed, 2: written */
+        raw r;
+        size_t len;
+        raw_init(&r);
+        raw_to_content(&r, bdat, 1);
+        assert_int_equal(smtpe_client_content(r.c, (const uint8_t *)"x\r\n", 3, 1), 3);
+        if (stage == 1)
+            assert_non_null(smtpe_client_send_buf(r.c, &len));
+        if (stage == 2)
+            raw_write(&r, SIZE_MAX);
+        raw_feed(&r, "421 4.3.2 going");
+        raw_write(&r, SIZE_MAX);
+        assert_true(raw_out_has_end(&r, bdat));
+        raw_feed(&r, " down\r\n");
+        assert_int_equal(r.closed_reason, SMTPE_CLOSE_SERVER_421);
+        assert_int_equal(r.n_outcomes[0], 1);
+        if (stage == 2) {
+            assert_int_equal(r.outcomes[0], SMTPE_OUTCOME_TEMPORARY);
+            assert_int_equal(r.codes[0], 421);
+        } else {
+            assert_int_equal(r.outcomes[0], SMTPE_OUTCOME_UNKNOWN);
+        }
+        raw_free(&r);
+    }
+}
+
+/* A reply whose first octet comes after the end was handed out is its verdict however it is
+ * split: octet by octet, the host calling send_buf between the octets (nothing to hand);
+ * a multi-line reply; LMTP's series, one reply per accepted recipient. */
+static void test_reply_begun_after_end_handed_split(void **st)
+{
+    (void)st;
+    static const char *const replies[] = {"250 2.0.0 queued\r\n",
+                                          "250-2.0.0 queued\r\n250-as 1234\r\n250 2.0.0 ok\r\n",
+                                          "250 2.1.5 a\r\n250 2.1.5 b\r\n"};
+    for (int v = 0; v < 6; v++) {
+        int bdat = v & 1, which = v >> 1, lmtp = which == 2;
+        const char *s = replies[which];
+        size_t n = lmtp ? 2 : 1, len;
+        raw r;
+        raw_init(&r);
+        r.cfg.lmtp = lmtp;
+        raw_to_content(&r, bdat, n);
+        assert_int_equal(smtpe_client_content(r.c, (const uint8_t *)"x\r\n", 3, 1), 3);
+        raw_write(&r, SIZE_MAX);
+        assert_true(raw_out_has_end(&r, bdat));
+        for (size_t i = 0; s[i]; i++) {
+            assert_int_equal(smtpe_client_recv(r.c, (const uint8_t *)s + i, 1, 0), 1);
+            raw_events(&r);
+            smtpe_client_send_buf(r.c, &len);
+            assert_int_equal(len, 0);
+        }
+        assert_int_equal(r.closed_reason, -1);
+        assert_int_equal(r.done, 1);
+        for (size_t i = 0; i < n; i++) {
+            assert_int_equal(r.n_outcomes[i], 1);
+            assert_int_equal(r.outcomes[i], SMTPE_OUTCOME_DELIVERED);
+        }
+        raw_free(&r);
+    }
+}
+
+/* The same through the scripted host, in its three splits: the host has no content yet when
+ * the 354's read also holds the start of a 250; it gives it (the dot is written at once), and
+ * the 250's CRLF comes after. */
+static int begun_bdat;
+
+static void sc_reply_begun_before_end(ch *h)
+{
+    h->content_limited = 1; /* nothing yet */
+    open_ok(h);
+    ch_server(h, GREET);
+    ch_server(h, begun_bdat ? BDAT_CAPS : CAPS);
+    ch_submit(h, "s@example.com", ONE, 1);
+    ch_take_out(h);
+    ch_take_log(h);
+    ch_server(h, begun_bdat ? "250 ok\r\n250 ok\r\n250 2.0.0 queued"
+                            : "250 ok\r\n250 ok\r\n354 go\r\n250 2.0.0 queued");
+    LOG(h, begun_bdat ? "" : "CONTENT\n");
+    h->content_limited = 0;
+    ch_pump(h);
+    OUT(h, begun_bdat ? "BDAT 21 LAST\r\nSubject: t\r\n\r\nhello\r\n"
+                      : "Subject: t\r\n\r\nhello\r\n.\r\n");
+    ch_server(h, "\r\n");
+    LOG(h, "OUTCOME 0 unknown 000 - a reply with no command outstanding [local]\n"
+           "DONE 0/0/0/1\nCLOSED protocol-error 000 a reply with no command outstanding\n");
+    OUT(h, "");
+}
+
+static void test_reply_begun_before_end_scripted(void **st)
+{
+    (void)st;
+    for (begun_bdat = 0; begun_bdat <= 1; begun_bdat++)
+        run3(sc_reply_begun_before_end);
+}
+
 /* A forged reply in the same read as the greeting, before EHLO could be sent: unsolicited. */
 static void sc_greeting_and_forged_ehlo(ch *h)
 {
@@ -3791,6 +3988,11 @@ int main(void)
         cmocka_unit_test(test_lmtp_lone_dot),
         cmocka_unit_test(test_reply_mid_content),
         cmocka_unit_test(test_reply_before_dot_handed),
+        cmocka_unit_test(test_reply_begun_before_end_handed),
+        cmocka_unit_test(test_multiline_reply_begun_before_end_handed),
+        cmocka_unit_test(test_421_begun_before_end_written),
+        cmocka_unit_test(test_reply_begun_after_end_handed_split),
+        cmocka_unit_test(test_reply_begun_before_end_scripted),
         cmocka_unit_test(test_greeting_and_forged_ehlo),
         cmocka_unit_test(test_chaos),
         cmocka_unit_test(test_fixed_closed_with_end_of_data_queued),

@@ -6,9 +6,7 @@
 # (smuggling, STARTTLS injection, a reset in the middle of DATA, resets before accept, fd
 # exhaustion, clients that never read), and Smtpe::SMTP against hostile servers.
 #
-# The case marked "FAILS TODAY" shows a defect of the code as it is (the client engine's, left
-# for its own change) and is skipped so that the suite stays green; it passes once that defect
-# is fixed (remove its skip then). "Fixed" cases were such defects and now guard their fixes.
+# "Fixed" cases were defects of the code found this way and now guard their fixes.
 require "minitest/autorun"
 require "smtpe"
 require "socket"
@@ -435,11 +433,10 @@ class TestHostileBinding < Minitest::Test
     assert(evs.any? { |e| e.is_a?(Smtpe::ClientEvent::Closed) && e.reason == :protocol_error })
   end
 
-  # FAILS TODAY (engine, client.c): a reply is judged by its last octet: a 250 whose first
-  # octets came before the end of the content was written, and only its CRLF after, is taken
-  # as the answer to the content's end.
+  # Fixed (a regression case now): the client engine judged a reply by its last octet: a 250
+  # whose first octets came before the end of the content was written, and only its CRLF
+  # after, was taken as the answer to the content's end (client.c now judges it by its first).
   def test_client_reply_begun_before_content_end_is_unsolicited
-    skip "FAILS TODAY: the client engine takes a reply begun before the content's end as its answer"
     c = Smtpe::ClientSession.new(Smtpe::ClientConfig.new(pipelining: false, chunking: false), 0)
     out = +""
     evs = []
