@@ -64,6 +64,22 @@ class TestServerBinding < Minitest::Test
     assert_equal(-902, e.code)
   end
 
+  # the keyword conventions both engines share (rb_smtpe.[ch]): booleans are truthy, and every
+  # TypeError or ArgumentError names its keyword
+  def test_config_keyword_conventions
+    assert Smtpe::ServerConfig.new(lmtp: 1).lmtp?
+    refute Smtpe::ServerConfig.new(lmtp: nil).lmtp?
+    assert_equal 6214, Smtpe::ServerConfig.new(line_ending: :normalize, max_message_size: nil).memory_size
+    { { extensions: 5 } => /\Aextensions: /, { ehlo_extra: "x" } => /\Aehlo_extra: /,
+      { max_errors: "x" } => /\Amax_errors: / }.each do |opts, msg|
+      assert_match msg, assert_raises(TypeError) { Smtpe::ServerConfig.new(**opts) }.message
+    end
+    e = assert_raises(ArgumentError) { Smtpe::ServerConfig.new(line_ending: :bogus) }
+    assert_match(/\Aline_ending: /, e.message)
+    e = assert_raises(ArgumentError) { Smtpe::ServerConfig.new(max_pending_verdicts: 0) }
+    assert_match(/\Amax_pending_verdicts: must be 1\.\.1024/, e.message)
+  end
+
   def test_study_session
     events, out, contents, s = drive(default_config, STUDY)
     assert_equal %i[helo mail rcpt data data_end quit], events.map(&:type)

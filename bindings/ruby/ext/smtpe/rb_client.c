@@ -1130,7 +1130,7 @@ void rb_smtpe_init_client(VALUE mSmtpe)
     outcome_ids[SMTPE_OUTCOME_UNKNOWN] = rb_intern("unknown");
     for (size_t i = 0; i < CLOSE_COUNT; i++)
         close_ids[i] = rb_intern(close_names[i]);
-    /* the Smtpe::WANT_* constants are rb_smtpe_init_server's, which Init_smtpe runs first */
+    /* the Smtpe::WANT_* constants are rb_smtpe.c's, which Init_smtpe defines first */
 
     /* Document-class: Smtpe::ClientConfig
      * A client engine configuration: frozen once made, shareable between Ractors, used by

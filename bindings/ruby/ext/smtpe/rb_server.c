@@ -83,32 +83,13 @@ static rb_server_config *get_config(VALUE obj)
     return c;
 }
 
-static const struct {
-    const char *name;
-    unsigned bit;
-} ext_names[] = {
-    {"pipelining", SMTPE_EXT_PIPELINING},
-    {"size", SMTPE_EXT_SIZE},
-    {"8bitmime", SMTPE_EXT_8BITMIME},
-    {"smtputf8", SMTPE_EXT_SMTPUTF8},
-    {"enhancedstatuscodes", SMTPE_EXT_ENHANCEDSTATUSCODES},
-    {"starttls", SMTPE_EXT_STARTTLS},
-    {"chunking", SMTPE_EXT_CHUNKING},
-    {"binarymime", SMTPE_EXT_BINARYMIME},
-    {"dsn", SMTPE_EXT_DSN},
-    {"requiretls", SMTPE_EXT_REQUIRETLS},
-    {"mt_priority", SMTPE_EXT_MT_PRIORITY},
-    {"deliverby", SMTPE_EXT_DELIVERBY},
-    {"xclient", SMTPE_EXT_XCLIENT},
-    {"xforward", SMTPE_EXT_XFORWARD},
-};
-
 /* :default, or an Array of extension Symbols (:default in it adds SMTPE_EXT_DEFAULT). */
 static unsigned ext_mask(VALUE v)
 {
     if (SYMBOL_P(v) && SYM2ID(v) == rb_intern("default"))
         return SMTPE_EXT_DEFAULT;
-    Check_Type(v, T_ARRAY);
+    if (!RB_TYPE_P(v, T_ARRAY))
+        rb_raise(rb_eTypeError, "extensions: must be :default or an Array of Symbols");
     unsigned mask = 0;
     for (long i = 0; i < RARRAY_LEN(v); i++) {
         VALUE e = RARRAY_AREF(v, i);
@@ -119,17 +100,15 @@ static unsigned ext_mask(VALUE v)
             mask |= SMTPE_EXT_DEFAULT;
             continue;
         }
-        size_t k = 0;
-        while (k < sizeof ext_names / sizeof ext_names[0] && strcmp(ext_names[k].name, name) != 0)
+        unsigned k = 0;
+        while (k < RB_SMTPE_EXT_COUNT && strcmp(rb_smtpe_ext_names[k], name) != 0)
             k++;
-        if (k == sizeof ext_names / sizeof ext_names[0])
+        if (k == RB_SMTPE_EXT_COUNT)
             rb_raise(rb_eArgError, "extensions: unknown extension :%s", name);
-        mask |= ext_names[k].bit;
+        mask |= 1u << k;
     }
     return mask;
 }
-
-static int flag(VALUE v) { return RTEST(v) ? 1 : 0; }
 
 static void config_strings(rb_server_config *c, VALUE opts)
 {
@@ -144,7 +123,8 @@ static void config_strings(rb_server_config *c, VALUE opts)
         c->cfg.auth_mechanisms = c->auth_mechanisms = rb_smtpe_cstr_dup(v, "auth_mechanisms");
     }
     if ((v = rb_smtpe_opt(opts, "ehlo_extra")) != Qundef && !NIL_P(v)) {
-        Check_Type(v, T_ARRAY);
+        if (!RB_TYPE_P(v, T_ARRAY))
+            rb_raise(rb_eTypeError, "ehlo_extra: must be an Array of Strings");
         v = rb_ary_dup(v); /* an element's to_str cannot change what we walk */
         long n = RARRAY_LEN(v);
         c->ehlo_extra = ruby_xcalloc((size_t)n + 1, sizeof(char *));
@@ -165,41 +145,31 @@ static void config_limits(rb_server_config *c, VALUE opts)
         cfg->extensions = ext_mask(v);
     if ((v = rb_smtpe_opt(opts, "max_message_size")) != Qundef)
         cfg->max_message_size = NIL_P(v) ? 0 : rb_smtpe_opt_uint(v, "max_message_size", 0, UINT64_MAX);
-    if ((v = rb_smtpe_opt(opts, "max_line_length")) != Qundef)
-        cfg->max_line_length = rb_smtpe_opt_uint(v, "max_line_length", 512, 65536);
-    if ((v = rb_smtpe_opt(opts, "max_recipients")) != Qundef)
-        cfg->max_recipients = (unsigned)rb_smtpe_opt_uint(v, "max_recipients", 1, 100000);
-    if ((v = rb_smtpe_opt(opts, "max_errors")) != Qundef)
-        cfg->max_errors = (unsigned)rb_smtpe_opt_uint(v, "max_errors", 0, 1000000);
-    if ((v = rb_smtpe_opt(opts, "command_timeout_ms")) != Qundef)
-        cfg->command_timeout_ms = rb_smtpe_opt_uint(v, "command_timeout_ms", 0, UINT64_MAX / 2);
-    if ((v = rb_smtpe_opt(opts, "data_timeout_ms")) != Qundef)
-        cfg->data_timeout_ms = rb_smtpe_opt_uint(v, "data_timeout_ms", 0, UINT64_MAX / 2);
-    if ((v = rb_smtpe_opt(opts, "reply_buffer_size")) != Qundef)
-        cfg->reply_buffer_size = rb_smtpe_opt_uint(v, "reply_buffer_size", 2048, 1048576);
-    if ((v = rb_smtpe_opt(opts, "max_pending_verdicts")) != Qundef)
-        cfg->max_pending_verdicts = (unsigned)rb_smtpe_opt_uint(v, "max_pending_verdicts", 1, 1024);
+    cfg->max_line_length =
+        rb_smtpe_kw_uint(opts, "max_line_length", 512, 65536, cfg->max_line_length);
+    cfg->max_recipients =
+        (unsigned)rb_smtpe_kw_uint(opts, "max_recipients", 1, 100000, cfg->max_recipients);
+    cfg->max_errors = (unsigned)rb_smtpe_kw_uint(opts, "max_errors", 0, 1000000, cfg->max_errors);
+    cfg->command_timeout_ms =
+        rb_smtpe_kw_uint(opts, "command_timeout_ms", 0, UINT64_MAX / 2, cfg->command_timeout_ms);
+    cfg->data_timeout_ms =
+        rb_smtpe_kw_uint(opts, "data_timeout_ms", 0, UINT64_MAX / 2, cfg->data_timeout_ms);
+    cfg->reply_buffer_size =
+        rb_smtpe_kw_uint(opts, "reply_buffer_size", 2048, 1048576, cfg->reply_buffer_size);
+    cfg->max_pending_verdicts = (unsigned)rb_smtpe_kw_uint(opts, "max_pending_verdicts", 1, 1024,
+                                                           cfg->max_pending_verdicts);
     if ((v = rb_smtpe_opt(opts, "line_ending")) != Qundef) {
-        ID id = SYMBOL_P(v) ? SYM2ID(v) : 0;
-        if (id == rb_intern("refuse"))
-            cfg->line_ending = SMTPE_LINE_ENDING_REFUSE;
-        else if (id == rb_intern("normalise") || id == rb_intern("normalize"))
-            cfg->line_ending = SMTPE_LINE_ENDING_NORMALISE;
-        else if (id == rb_intern("keep"))
-            cfg->line_ending = SMTPE_LINE_ENDING_KEEP;
-        else
-            rb_raise(rb_eArgError, "line_ending: :refuse, :normalise or :keep");
+        static const char *const names[] = {"refuse", "normalise", "normalize", "keep"};
+        static const smtpe_line_ending_policy vals[] = {
+            SMTPE_LINE_ENDING_REFUSE, SMTPE_LINE_ENDING_NORMALISE, SMTPE_LINE_ENDING_NORMALISE,
+            SMTPE_LINE_ENDING_KEEP};
+        cfg->line_ending = vals[rb_smtpe_sym_index(v, "line_ending", names, 4)];
     }
-    if ((v = rb_smtpe_opt(opts, "lax_angle_brackets")) != Qundef)
-        cfg->lax_angle_brackets = flag(v);
-    if ((v = rb_smtpe_opt(opts, "auth_without_tls")) != Qundef)
-        cfg->auth_without_tls = flag(v);
-    if ((v = rb_smtpe_opt(opts, "require_tls")) != Qundef)
-        cfg->require_tls = flag(v);
-    if ((v = rb_smtpe_opt(opts, "lmtp")) != Qundef)
-        cfg->lmtp = flag(v);
-    if ((v = rb_smtpe_opt(opts, "proxy_protocol")) != Qundef)
-        cfg->proxy_protocol = flag(v);
+    cfg->lax_angle_brackets = rb_smtpe_kw_bool(opts, "lax_angle_brackets", cfg->lax_angle_brackets);
+    cfg->auth_without_tls = rb_smtpe_kw_bool(opts, "auth_without_tls", cfg->auth_without_tls);
+    cfg->require_tls = rb_smtpe_kw_bool(opts, "require_tls", cfg->require_tls);
+    cfg->lmtp = rb_smtpe_kw_bool(opts, "lmtp", cfg->lmtp);
+    cfg->proxy_protocol = rb_smtpe_kw_bool(opts, "proxy_protocol", cfg->proxy_protocol);
 }
 
 static const char *const config_keys[] = {
@@ -270,7 +240,7 @@ static VALUE config_lmtp_p(VALUE self) { return get_config(self)->cfg.lmtp ? Qtr
 static VALUE config_hostname(VALUE self)
 {
     const char *h = get_config(self)->cfg.hostname;
-    return rb_smtpe_str((const uint8_t *)h, strlen(h), 1);
+    return rb_smtpe_str((const uint8_t *)h, strlen(h), RB_SMTPE_UTF8);
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -356,9 +326,9 @@ static VALUE session_initialize(VALUE self, VALUE config, VALUE now_ms)
 
 static VALUE path_value(const smtpe_path *p)
 {
-    VALUE mailbox = rb_smtpe_str(p->mailbox.ptr, p->mailbox.len, 1);
-    VALUE local = rb_smtpe_str(p->local_part.ptr, p->local_part.len, 1);
-    VALUE domain = rb_smtpe_str(p->domain.ptr, p->domain.len, 1);
+    VALUE mailbox = rb_smtpe_span(p->mailbox, RB_SMTPE_UTF8);
+    VALUE local = rb_smtpe_span(p->local_part, RB_SMTPE_UTF8);
+    VALUE domain = rb_smtpe_span(p->domain, RB_SMTPE_UTF8);
     return rb_obj_freeze(rb_smtpe_struct(cPath, 4, mailbox, local, domain, UINT2NUM(p->flags)));
 }
 
@@ -368,8 +338,8 @@ static VALUE params_value(const smtpe_param *params, size_t n)
         return empty_list;
     VALUE list = rb_ary_new_capa((long)n);
     for (size_t i = 0; i < n; i++) {
-        VALUE k = rb_smtpe_str(params[i].keyword.ptr, params[i].keyword.len, 1);
-        VALUE v = rb_smtpe_str(params[i].value.ptr, params[i].value.len, 1);
+        VALUE k = rb_smtpe_span(params[i].keyword, RB_SMTPE_UTF8);
+        VALUE v = rb_smtpe_span(params[i].value, RB_SMTPE_UTF8);
         rb_ary_push(list, rb_obj_freeze(rb_assoc_new(k, v)));
     }
     return rb_obj_freeze(list);
@@ -390,8 +360,8 @@ static VALUE mail_value(VALUE id, const smtpe_event_mail *m)
     VALUE path = path_value(&m->reverse_path);
     VALUE size = m->has_size ? ULL2NUM(m->size) : Qnil;
     VALUE ret = m->ret == SMTPE_RET_FULL ? sym_full : m->ret == SMTPE_RET_HDRS ? sym_hdrs : Qnil;
-    VALUE envid = rb_smtpe_span_or_nil(m->envid, m->has_envid, 1);
-    VALUE auth = rb_smtpe_span_or_nil(m->auth, m->has_auth, 1);
+    VALUE envid = rb_smtpe_span_or_nil(m->envid, m->has_envid, RB_SMTPE_UTF8);
+    VALUE auth = rb_smtpe_span_or_nil(m->auth, m->has_auth, RB_SMTPE_UTF8);
     VALUE prio = m->has_mt_priority ? INT2NUM(m->mt_priority) : Qnil;
     VALUE by_time = m->by_mode ? LL2NUM(m->by_time) : Qnil;
     VALUE by_mode = m->by_mode ? rb_obj_freeze(rb_usascii_str_new(&m->by_mode, 1)) : Qnil;
@@ -404,23 +374,25 @@ static VALUE mail_value(VALUE id, const smtpe_event_mail *m)
 static VALUE rcpt_value(VALUE id, const smtpe_event_rcpt *r)
 {
     VALUE path = path_value(&r->forward_path);
-    VALUE type = rb_smtpe_span_or_nil(r->orcpt_type, r->has_orcpt, 1);
-    VALUE orcpt = rb_smtpe_span_or_nil(r->orcpt, r->has_orcpt, 1);
+    VALUE type = rb_smtpe_span_or_nil(r->orcpt_type, r->has_orcpt, RB_SMTPE_UTF8);
+    VALUE orcpt = rb_smtpe_span_or_nil(r->orcpt, r->has_orcpt, RB_SMTPE_UTF8);
     return rb_smtpe_struct(cRcpt, 6, id, path, notify_lists[r->notify & 15], type, orcpt,
                          params_value(r->params, r->param_count));
 }
 
 static VALUE auth_value(VALUE id, const smtpe_event_auth *a)
 {
-    VALUE mech = rb_smtpe_str(a->mechanism.ptr, a->mechanism.len, 1);
+    VALUE mech = rb_smtpe_span(a->mechanism, RB_SMTPE_UTF8);
     VALUE mid = a->mechanism_id == SMTPE_SASL_PLAIN   ? sym_plain
                 : a->mechanism_id == SMTPE_SASL_LOGIN ? sym_login
                                                       : sym_other;
     int decoded = a->mechanism_id != SMTPE_SASL_OTHER;
-    VALUE authzid = rb_smtpe_span_or_nil(a->authzid, decoded && a->authzid.len > 0, 0);
-    VALUE authcid = rb_smtpe_span_or_nil(a->authcid, decoded, 0);
-    VALUE password = rb_smtpe_span_or_nil(a->password, decoded, 0);
-    VALUE response = rb_smtpe_span_or_nil(a->response, !decoded && a->has_response, 0);
+    VALUE authzid =
+        rb_smtpe_span_or_nil(a->authzid, decoded && a->authzid.len > 0, RB_SMTPE_BINARY);
+    VALUE authcid = rb_smtpe_span_or_nil(a->authcid, decoded, RB_SMTPE_BINARY);
+    VALUE password = rb_smtpe_span_or_nil(a->password, decoded, RB_SMTPE_BINARY);
+    VALUE response =
+        rb_smtpe_span_or_nil(a->response, !decoded && a->has_response, RB_SMTPE_BINARY);
     return rb_smtpe_struct(cAuth, 8, id, mech, mid, authzid, authcid, password, response,
                          UINT2NUM(a->step));
 }
@@ -453,7 +425,7 @@ static VALUE proxy_value(VALUE id, const smtpe_proxy_info *p)
         tlvs = rb_ary_new();
         while (smtpe_proxy_tlv_next(&rest, &type, &value))
             rb_ary_push(tlvs, rb_obj_freeze(rb_assoc_new(INT2FIX(type),
-                                                         rb_smtpe_str(value.ptr, value.len, 0))));
+                                                         rb_smtpe_span(value, RB_SMTPE_BINARY))));
         rb_obj_freeze(tlvs);
     }
     return rb_smtpe_struct(cProxy, 10, id, INT2FIX(p->version), p->local ? Qtrue : Qfalse, family,
@@ -465,7 +437,7 @@ static VALUE proxy_value(VALUE id, const smtpe_proxy_info *p)
 
 static VALUE command_arg(const smtpe_event_command *c)
 {
-    return rb_smtpe_str(c->argument.ptr, c->argument.len, 1);
+    return rb_smtpe_span(c->argument, RB_SMTPE_UTF8);
 }
 
 /* The event as its frozen Struct (all spans copied). DATA_CHUNK is not given here. */
@@ -476,7 +448,7 @@ static VALUE event_value(const smtpe_event *ev)
     VALUE v;
     switch (ev->type) {
     case SMTPE_EV_HELO:
-        v = rb_smtpe_struct(cHelo, 5, id, rb_smtpe_str(ev->helo.domain.ptr, ev->helo.domain.len, 1),
+        v = rb_smtpe_struct(cHelo, 5, id, rb_smtpe_span(ev->helo.domain, RB_SMTPE_UTF8),
                           ev->helo.esmtp ? Qtrue : Qfalse, ev->helo.lmtp ? Qtrue : Qfalse, ab);
         break;
     case SMTPE_EV_MAIL: v = mail_value(id, &ev->mail); break;
@@ -498,7 +470,7 @@ static VALUE event_value(const smtpe_event *ev)
     case SMTPE_EV_EXPN: v = rb_smtpe_struct(cExpn, 2, id, command_arg(&ev->command)); break;
     case SMTPE_EV_UNKNOWN:
         v = rb_smtpe_struct(cUnknown, 3, id,
-                          rb_smtpe_str(ev->command.verb.ptr, ev->command.verb.len, 1),
+                          rb_smtpe_span(ev->command.verb, RB_SMTPE_UTF8),
                           command_arg(&ev->command));
         break;
     case SMTPE_EV_QUIT: v = rb_smtpe_struct(cQuit, 2, id, ab); break;
@@ -830,39 +802,31 @@ static VALUE session_stats(VALUE self)
     return rb_obj_freeze(v);
 }
 
-static VALUE keep(VALUE v)
-{
-    rb_gc_register_mark_object(v);
-    return v;
-}
-
-static VALUE class_at(VALUE mod, const char *name) { return keep(rb_const_get_at(mod, rb_intern(name))); }
-
 static void init_values(VALUE mSmtpe)
 {
     VALUE ev = rb_const_get_at(mSmtpe, rb_intern("Event"));
-    cPath = class_at(mSmtpe, "Path");
-    cStats = class_at(mSmtpe, "ServerStats");
-    cHelo = class_at(ev, "Helo");
-    cMail = class_at(ev, "Mail");
-    cRcpt = class_at(ev, "Rcpt");
-    cData = class_at(ev, "Data");
-    cDataEnd = class_at(ev, "DataEnd");
-    cRset = class_at(ev, "Rset");
-    cVrfy = class_at(ev, "Vrfy");
-    cExpn = class_at(ev, "Expn");
-    cUnknown = class_at(ev, "Unknown");
-    cQuit = class_at(ev, "Quit");
-    cTimeout = class_at(ev, "Timeout");
-    cErrorLimit = class_at(ev, "ErrorLimit");
-    cStarttls = class_at(ev, "Starttls");
-    cAuth = class_at(ev, "Auth");
-    cBdat = class_at(ev, "Bdat");
-    cChunkEnd = class_at(ev, "ChunkEnd");
-    cProxy = class_at(ev, "Proxy");
-    cProxyInvalid = class_at(ev, "ProxyInvalid");
-    cXclient = class_at(ev, "Xclient");
-    cXforward = class_at(ev, "Xforward");
+    cPath = rb_smtpe_const(mSmtpe, "Path");
+    cStats = rb_smtpe_const(mSmtpe, "ServerStats");
+    cHelo = rb_smtpe_const(ev, "Helo");
+    cMail = rb_smtpe_const(ev, "Mail");
+    cRcpt = rb_smtpe_const(ev, "Rcpt");
+    cData = rb_smtpe_const(ev, "Data");
+    cDataEnd = rb_smtpe_const(ev, "DataEnd");
+    cRset = rb_smtpe_const(ev, "Rset");
+    cVrfy = rb_smtpe_const(ev, "Vrfy");
+    cExpn = rb_smtpe_const(ev, "Expn");
+    cUnknown = rb_smtpe_const(ev, "Unknown");
+    cQuit = rb_smtpe_const(ev, "Quit");
+    cTimeout = rb_smtpe_const(ev, "Timeout");
+    cErrorLimit = rb_smtpe_const(ev, "ErrorLimit");
+    cStarttls = rb_smtpe_const(ev, "Starttls");
+    cAuth = rb_smtpe_const(ev, "Auth");
+    cBdat = rb_smtpe_const(ev, "Bdat");
+    cChunkEnd = rb_smtpe_const(ev, "ChunkEnd");
+    cProxy = rb_smtpe_const(ev, "Proxy");
+    cProxyInvalid = rb_smtpe_const(ev, "ProxyInvalid");
+    cXclient = rb_smtpe_const(ev, "Xclient");
+    cXforward = rb_smtpe_const(ev, "Xforward");
 #define SYM(v, s) v = ID2SYM(rb_intern(s))
     SYM(sym_voided, "voided");
     SYM(sym_unspecified, "unspecified");
@@ -884,14 +848,16 @@ static void init_values(VALUE mSmtpe)
     SYM(sym_stream, "stream");
     SYM(sym_dgram, "dgram");
 #undef SYM
-    empty_list = keep(rb_obj_freeze(rb_ary_new()));
+    empty_list = rb_obj_freeze(rb_ary_new());
+    rb_gc_register_mark_object(empty_list);
     static const char *const notify_names[] = {"never", "success", "failure", "delay"};
     for (unsigned m = 0; m < 16; m++) {
         VALUE list = rb_ary_new();
         for (unsigned b = 0; b < 4; b++)
             if (m & (1u << b))
                 rb_ary_push(list, ID2SYM(rb_intern(notify_names[b])));
-        notify_lists[m] = keep(rb_obj_freeze(list));
+        notify_lists[m] = rb_obj_freeze(list);
+        rb_gc_register_mark_object(notify_lists[m]);
     }
 }
 
@@ -899,20 +865,7 @@ void rb_smtpe_init_server(VALUE mSmtpe)
 {
     mSmtpe = rb_define_module("Smtpe"); /* the same module; lets RDoc see the classes */
     init_values(mSmtpe);
-    /* #want bit: the engine would consume input now. */
-    rb_define_const(mSmtpe, "WANT_READ", UINT2NUM(SMTPE_WANT_READ));
-    /* #want bit: output is queued (#take_output gives octets). */
-    rb_define_const(mSmtpe, "WANT_WRITE", UINT2NUM(SMTPE_WANT_WRITE));
-    /* #want bit: the session is over; close once the output is written. */
-    rb_define_const(mSmtpe, "WANT_CLOSE", UINT2NUM(SMTPE_WANT_CLOSE));
-    /* #want bit: an event given out waits for the host's answer. */
-    rb_define_const(mSmtpe, "WANT_VERDICT", UINT2NUM(SMTPE_WANT_VERDICT));
-    /* #want bit: an event waits to be taken. */
-    rb_define_const(mSmtpe, "WANT_EVENT", UINT2NUM(SMTPE_WANT_EVENT));
-    /* #want bit: run the TLS handshake now (RFC 3207). */
-    rb_define_const(mSmtpe, "WANT_TLS", UINT2NUM(SMTPE_WANT_TLS));
-    /* #want bit (client): ClientSession#content would consume octets now. */
-    rb_define_const(mSmtpe, "WANT_CONTENT", UINT2NUM(SMTPE_WANT_CONTENT));
+    /* the Smtpe::WANT_* constants are rb_smtpe.c's, which Init_smtpe defines first */
 
     /* Document-class: Smtpe::ServerConfig
      * A server engine configuration: frozen, shareable by every Thread and Ractor. */

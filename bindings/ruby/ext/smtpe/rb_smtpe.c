@@ -1,5 +1,5 @@
-/* rb_smtpe.c - the extension's entry point (Init_smtpe), Smtpe's module functions and the
- * helpers every file shares (rb_smtpe.h). */
+/* rb_smtpe.c - the extension's entry point (Init_smtpe), Smtpe's module functions and
+ * constants (WANT_*), and the helpers every file shares (rb_smtpe.h). */
 #include "rb_smtpe.h"
 
 #include <stdarg.h>
@@ -259,6 +259,27 @@ static VALUE m_engine_version(VALUE self)
     return rb_obj_freeze(rb_usascii_str_new_cstr(smtpe_version_string()));
 }
 
+/* The Smtpe::WANT_* bits that ServerSession#want and ClientSession#want give (include/smtpe.h
+ * smtpe_server_want, smtpe_client_want). */
+static void init_want(VALUE mSmtpe)
+{
+    mSmtpe = rb_define_module("Smtpe"); /* the same module; lets RDoc see the constants */
+    /* #want bit: the engine would consume input now. */
+    rb_define_const(mSmtpe, "WANT_READ", UINT2NUM(SMTPE_WANT_READ));
+    /* #want bit: output is queued (#take_output gives octets). */
+    rb_define_const(mSmtpe, "WANT_WRITE", UINT2NUM(SMTPE_WANT_WRITE));
+    /* #want bit: the session is over; close once the output is written. */
+    rb_define_const(mSmtpe, "WANT_CLOSE", UINT2NUM(SMTPE_WANT_CLOSE));
+    /* #want bit: an event given out waits for the host's answer. */
+    rb_define_const(mSmtpe, "WANT_VERDICT", UINT2NUM(SMTPE_WANT_VERDICT));
+    /* #want bit: an event waits to be taken. */
+    rb_define_const(mSmtpe, "WANT_EVENT", UINT2NUM(SMTPE_WANT_EVENT));
+    /* #want bit: run the TLS handshake now (RFC 3207). */
+    rb_define_const(mSmtpe, "WANT_TLS", UINT2NUM(SMTPE_WANT_TLS));
+    /* #want bit (client): ClientSession#content would consume octets now. */
+    rb_define_const(mSmtpe, "WANT_CONTENT", UINT2NUM(SMTPE_WANT_CONTENT));
+}
+
 RUBY_FUNC_EXPORTED void Init_smtpe(void)
 {
 #ifdef HAVE_RB_EXT_RACTOR_SAFE
@@ -285,6 +306,7 @@ RUBY_FUNC_EXPORTED void Init_smtpe(void)
     /* The config is inconsistent (a limit out of range). */
     eConfigError = rb_define_class_under(rb_smtpe_mSmtpe, "ConfigError", rb_smtpe_eError);
     rb_define_module_function(rb_smtpe_mSmtpe, "engine_version", m_engine_version, 0);
+    init_want(rb_smtpe_mSmtpe);
     rb_smtpe_init_server(rb_smtpe_mSmtpe);
     rb_smtpe_init_client(rb_smtpe_mSmtpe);
 }
