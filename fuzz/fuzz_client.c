@@ -542,6 +542,8 @@ typedef struct model {
 
     /* the server's stream */
     mrp rp;
+    size_t reply_nh;      /* nh when the reply being read had its first octet */
+    uint64_t reply_acked; /* r->acked then */
     int closed;           /* the session is over (a reply ended it, or the host) */
     int close_reason;     /* SMTPE_CLOSE_* the reply calls for; -1 host-side */
     unsigned close_code;  /* the code of the reply that ended it, 0 for none */
@@ -1231,7 +1233,7 @@ static void m_reply(run *r)
         return;
     TRACE("  [%s] model: reply %u (%zu outstanding)\n", r->split ? "split" : "whole", code,
           m_outstanding(m));
-    if (m_outstanding(m) == 0) {
+    if (m->reply_nh <= m->head) { /* nothing was handed out when the reply began */
         m_close(r, code == 421 ? SMTPE_CLOSE_SERVER_421 : SMTPE_CLOSE_PROTOCOL_ERROR,
                 code == 421 ? code : 0);
         return;
@@ -1242,7 +1244,7 @@ static void m_reply(run *r)
         return;
     }
     if (code == 421 && (c.kind == MK_DOT || c.kind == MK_BDAT_LAST) &&
-        r->acked < r->tx[m->t.ftx].end_wire) {
+        m->reply_acked < r->tx[m->t.ftx].end_wire) {
         /* the end not all written: not the verdict on it but the session's 421 (the end was
          * handed out, so what was not decided is unknown) */
         m_close(r, SMTPE_CLOSE_SERVER_421, code);
@@ -1413,6 +1415,10 @@ static void m_server(run *r, const uint8_t *buf, size_t used)
         if (m->auth_host) { /* the engine waits for the host's AUTH response */
             m_close(r, SMTPE_CLOSE_PROTOCOL_ERROR, 0);
             return;
+        }
+        if (m->rp.total == 0) {
+            m->reply_nh = m->nh;
+            m->reply_acked = r->acked;
         }
         int k = mrp_octet(&m->rp, buf[i]);
         if (k < 0) {

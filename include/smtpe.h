@@ -1238,7 +1238,9 @@ SMTPE_API int smtpe_client_lost(smtpe_client *c);
  * breaks the protocol ends the session (SMTPE_CLOSE_PROTOCOL_ERROR): malformed (code not
  * 2-5/0-5/0-9 or not followed by SP, "-" or CRLF; lines that disagree on the code; a line
  * over max_reply_line; a reply over max_reply_size; a bare CR or LF), unsolicited (no
- * command outstanding, or its command not yet handed to the host), a 3xx to anything
+ * command outstanding, or its command not yet handed to the host, when the reply's first
+ * octet arrived: a reply begun before the end of the content went out answers nothing of
+ * it, however late its CRLF), a 3xx to anything
  * but DATA or AUTH, octets after a STARTTLS 220 (RFC 3207 §4.2; CVE-2021-22947). RFC 5321
  * §4.2, §4.3.2; RFC 2920 §3.1. */
 SMTPE_API smtpe_ssize smtpe_client_recv(smtpe_client *c, const uint8_t *buf, size_t n,

@@ -59,6 +59,7 @@ fuzz_client/memory-is-the-documented-formula-1-recipient engine f310bee^ smtpe_c
 fuzz_client/helo-name-of-255-octets-valid engine a3ba71c^ smtpe_client_memory_size refused a config smtpe.h calls valid
 fuzz_client/reply-ahead-of-helo-same-close-in-every-split engine c28bc6c^ split invariance: the event log differs
 fuzz_client/421-before-unsent-quit-is-the-servers engine 0de3407^ the engine closed for a reason the reference does not see
+fuzz_client/reply-begun-before-quit-answers-nothing engine 662b1e8^ the engine closed for a reason the reference does not see
 fuzz_client/ehlo-reply-and-334-in-one-read-auth-step-first engine f28e4f3^ split invariance: the event log differs
 fuzz_client/xclient-nothing-left-auth-failed-before-next-reply-of-read engine f28e4f3^ the engine closed for a reason the reference does not see
 '
