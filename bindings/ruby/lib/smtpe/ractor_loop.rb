@@ -6,14 +6,20 @@ module Smtpe
     # IO.select over its connections, each a sans-I/O driver. No Fiber keeps a session's state
     # (the engine does), so nothing here needs Fibers, which Ruby 3.1 cannot run in several
     # Ractors. Replies wait reply_delay before they go (a timer, not a sleep); a connection
-    # whose replies wait is not read meanwhile, as a client waits for its replies.
+    # whose replies wait is not read meanwhile, as a client waits for its replies. A turn costs
+    # what it handles, not what is open: the IO.select Arrays are kept, not rebuilt, and the
+    # sessions' deadlines are looked at once every SWEEP_MS.
     class RactorLoop # :nodoc:
-      Conn = Struct.new(:io, :driver, :out, :write_at, :stuck_since)
+      # idx: the connection's place in @readers (nil while it is not read)
+      Conn = Struct.new(:io, :driver, :out, :write_at, :stuck_since, :idx)
       READ_SIZE = 16_384
       # ms a connection's output may wait for the peer to read, and for a closing session's
       # last reply: Connection's bounds
       WRITE_TIMEOUT_MS = Connection::WRITE_TIMEOUT * 1000
       LAST_REPLY_TIMEOUT_MS = Connection::LAST_REPLY_TIMEOUT * 1000
+      # ms between looks at every session's deadline (as DeadlineSweeper::INTERVAL): a
+      # deadline ends a session up to this late
+      SWEEP_MS = (DeadlineSweeper::INTERVAL * 1000).to_i
 
       def initialize(host, port, factory, delay, stop_fd = nil)
         @stop = stop_fd && IO.for_fd(stop_fd, autoclose: false)
@@ -24,11 +30,18 @@ module Smtpe
         @conns = {}
         @accept_after = 0
         @rbuf = String.new(capacity: READ_SIZE, encoding: Encoding::BINARY)
+        @readers = [] # the IOs to read: the listener (while it accepts), the stop pipe, and
+        @reader_conns = [] # the connections with no output waiting (their Conns, same order)
+        @delayed = [] # [write_at, Conn], write_at nondecreasing (one delay for all)
+        @stuck = {}.compare_by_identity # Conn => true: output the peer has not taken yet
+        @sweep_at = 0
       end
 
       # Listens, says :ready (Ractor.yield), then serves until the process ends.
       def run
         @listener = Server.bind_tcp(@host, @port, reuseport: true)
+        add_reader(@stop, nil) if @stop
+        accepting(0)
         Ractor.yield(:ready)
         turn until @stopped
         @conns.each_value { |c| c.io.close rescue nil } # rubocop:disable Style/RescueModifier
@@ -39,9 +52,14 @@ module Smtpe
       private
 
       def turn
-        readers, writers, next_at = interest(Smtpe.now_ms)
-        timeout = next_at && [(next_at - Smtpe.now_ms) / 1000.0, 0].max
-        r, w = IO.select(readers, writers, nil, timeout)
+        now = Smtpe.now_ms
+        accepting(now)
+        next_at = @sweep_at
+        d = @delayed.first
+        next_at = d[0] if d && d[0] < next_at
+        next_at = @accept_after if @accept_after > now && @accept_after < next_at
+        writers = @stuck.empty? ? nil : @stuck.keys.map!(&:io)
+        r, w = IO.select(@readers, writers, nil, [(next_at - now) / 1000.0, 0].max)
         now = Smtpe.now_ms
         return @stopped = true if r&.include?(@stop)
 
@@ -50,36 +68,54 @@ module Smtpe
         timers(now)
       end
 
-      # What to wait for: readable connections with no reply waiting, writable ones with
-      # replies due, and the earliest timer (a reply's delay, a session's deadline).
-      def interest(now)
-        readers = now >= @accept_after ? [@listener] : []
-        readers << @stop if @stop
-        writers = []
-        next_at = now >= @accept_after ? nil : @accept_after
-        @conns.each_value do |c|
-          if c.out.empty?
-            readers << c.io
-          elsif c.write_at && c.write_at > now
-            next_at = c.write_at if next_at.nil? || c.write_at < next_at
-          else
-            writers << c.io
-          end
-          dl = c.driver.deadline
-          if c.stuck_since && dl.nil?
-            dl = c.stuck_since + stuck_limit(c) # as stuck_too_long?
-          end
-          next_at = dl if dl && (next_at.nil? || dl < next_at)
-        end
-        [readers, writers, next_at]
+      # @readers: an Array for IO.select, kept up to date as connections come, go, and start
+      # or stop waiting for their replies to go (swap-remove: O(1) each).
+      def add_reader(io, c)
+        return if c&.idx
+
+        c.idx = @readers.size if c
+        @readers << io
+        @reader_conns << c
       end
 
+      def remove_reader(c)
+        i = c.idx or return
+
+        remove_at(i)
+        c.idx = nil
+      end
+
+      def remove_at(i)
+        last_io = @readers.pop
+        last_c = @reader_conns.pop
+        return if i == @readers.size
+
+        @readers[i] = last_io
+        @reader_conns[i] = last_c
+        last_c.idx = i if last_c
+      end
+
+      # The listener is read again once a pause of accept (out of descriptors) is over.
+      def accepting(now)
+        return if @listening || now < @accept_after
+
+        add_reader(@listener, nil)
+        @listening = true
+      end
+
+      # Replies whose delay is over go; once every SWEEP_MS, every session's deadline (and
+      # output stuck too long) is looked at.
       def timers(now)
+        while (d = @delayed.first) && d[0] <= now
+          @delayed.shift
+          c = d[1]
+          flush(c) if c.write_at == d[0] && @conns.key?(c.io) && !c.out.empty?
+        end
+        return if now < @sweep_at
+
+        @sweep_at = now + SWEEP_MS
         @conns.values.each do |c|
           next drop(c) if c.stuck_since && stuck_too_long?(c, now)
-
-          flush(c) if c.write_at && c.write_at <= now && !c.out.empty?
-          next unless @conns.key?(c.io)
 
           dl = c.driver.deadline
           guarded(c) { queue(c, c.driver.expire(now), now) } if dl && dl <= now
@@ -120,13 +156,16 @@ module Smtpe
       rescue *Server::TRANSIENT_ACCEPT => e
         warn "smtpe: accept: #{e.message}; pausing 100 ms"
         @accept_after = now + 100
+        remove_at(@readers.index(@listener))
+        @listening = false
       end
 
       def open_conn(sock, now)
         peer = sock.remote_address.inspect_sockaddr
         sock.setsockopt(:TCP, :NODELAY, true)
-        c = Conn.new(sock, @factory.call(peer), String.new(encoding: Encoding::BINARY), nil, nil)
+        c = Conn.new(sock, @factory.call(peer), String.new(encoding: Encoding::BINARY), nil, nil, nil)
         @conns[sock] = c
+        add_reader(sock, c)
         guarded(c) { queue(c, c.driver.start(now), now) }
       rescue SystemCallError, IOError
         sock.close rescue nil # rubocop:disable Style/RescueModifier: reset before it started
@@ -146,10 +185,17 @@ module Smtpe
         drop(c)
       end
 
-      # out is the driver's reused String: copied behind what waits.
+      # out is the driver's reused String: copied behind what waits. A connection whose
+      # replies wait is not read meanwhile, as a client waits for its replies.
       def queue(c, out, now)
         unless out.empty?
-          c.write_at = now + @delay_ms if c.out.empty? && @delay_ms.positive?
+          if c.out.empty?
+            remove_reader(c)
+            if @delay_ms.positive?
+              c.write_at = now + @delay_ms
+              @delayed << [c.write_at, c]
+            end
+          end
           c.out << out
         end
         if c.out.empty?
@@ -161,21 +207,32 @@ module Smtpe
 
       def flush(c)
         n = c.io.write_nonblock(c.out, exception: false)
-        return c.stuck_since ||= Smtpe.now_ms if n == :wait_writable
+        return stuck(c) if n == :wait_writable
 
         c.out.slice!(0, n)
-        return c.stuck_since ||= Smtpe.now_ms unless c.out.empty?
+        return stuck(c) unless c.out.empty?
 
         c.write_at = nil
         c.stuck_since = nil
-        drop(c) if c.driver.closed?
+        @stuck.delete(c)
+        return drop(c) if c.driver.closed?
+
+        add_reader(c.io, c)
       rescue IOError, SystemCallError
         c.driver.eof(Smtpe.now_ms)
         drop(c)
       end
 
+      def stuck(c)
+        @stuck[c] = true
+        c.stuck_since ||= Smtpe.now_ms
+      end
+
       def drop(c)
-        @conns.delete(c.io)
+        return unless @conns.delete(c.io)
+
+        remove_reader(c)
+        @stuck.delete(c)
         c.io.close
       rescue IOError, SystemCallError
         nil
