@@ -858,6 +858,11 @@ static void on_event(struct session *s, uint32_t events)
         s->step = ST_BANNER;
     }
     if (events & EPOLLERR) {
+        /* what the server sent before the error is read first: a reply already received
+         * (a 221 followed by a reset) still counts */
+        on_readable(s);
+        if (s->fd < 0)
+            return;
         int err = 0;
         socklen_t el = sizeof err;
         getsockopt(s->fd, SOL_SOCKET, SO_ERROR, &err, &el);
