@@ -25,7 +25,11 @@ opts = { model: :threads, workers: 2, listen: "127.0.0.1:2525", reply_delay_ms: 
          protocol: "smtpe", hostname: "localhost" }
 parser = OptionParser.new do |o|
   o.banner = "usage: server.rb --model MODEL --listen ADDR:PORT (--dir DIR | --sink) [options]"
-  o.on("--model MODEL", Smtpe::Server::MODELS, "threads, fibers, prefork or ractors") { |v| opts[:model] = v }
+  o.on("--model MODEL", "threads, fibers, prefork or ractors") do |v|
+    # spelled out: OptionParser would take "thread" for threads
+    Smtpe::Server::MODELS.include?(v.to_sym) or raise OptionParser::InvalidArgument, "--model #{v}"
+    opts[:model] = v.to_sym
+  end
   o.on("--workers N", Integer, "processes (prefork) or Ractors (ractors); default 2") { |v| opts[:workers] = v }
   o.on("--listen ADDR:PORT", "default 127.0.0.1:2525 (port 0: any)") { |v| opts[:listen] = v }
   o.on("--dir DIR", "deliver into the Maildir DIR") { |v| opts[:dir] = v }

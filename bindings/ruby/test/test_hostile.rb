@@ -568,6 +568,79 @@ class TestHostileHost < Minitest::Test
     end
   end
 
+  # Fixed (a regression case now): under :prefork, a parent that ends without calling #stop
+  # (SIGKILL here; SIGTERM untrapped was the same) left its workers serving, re-parented to
+  # init. They watch a pipe only the parent holds now and end with it.
+  def test_prefork_workers_end_with_their_parent
+    script = <<~RUBY
+      require "smtpe"
+      server = Smtpe::Server.new(listen: "127.0.0.1:0", handler: Smtpe::Handler.new, model: :prefork,
+                                 workers: 2, on_listening: ->(a) { warn "listening on \#{a}" })
+      server.run
+    RUBY
+    Dir.mktmpdir do |dir|
+      File.write(File.join(dir, "s.rb"), script)
+      err = File.join(dir, "err")
+      pid = spawn(RbConfig.ruby, "-I", EXT_DIR, "-I", LIB_DIR, File.join(dir, "s.rb"), err: err, out: File::NULL)
+      port = nil
+      Timeout.timeout(15) { sleep 0.05 until (port = File.read(err)[/listening on [^\s]*:(\d+)/, 1]) }
+      kids = []
+      Timeout.timeout(5) { sleep 0.05 while (kids = `ps -o pid= --ppid #{pid}`.split.map(&:to_i)).size < 2 }
+      Process.kill(:KILL, pid)
+      Process.wait(pid)
+      alive = kids
+      Timeout.timeout(5) do
+        sleep 0.05 until (alive = kids.select { |k| Process.kill(0, k) rescue false }).empty? # rubocop:disable Style/RescueModifier
+      end
+      assert_empty alive
+      assert_raises(Errno::ECONNREFUSED) { Socket.tcp("127.0.0.1", Integer(port)).close }
+    ensure
+      kids&.each { |k| Process.kill(:KILL, k) rescue nil } # rubocop:disable Style/RescueModifier
+    end
+  end
+
+  # Fixed (a regression case now): a second :ractors server on a port another one listens on
+  # joined it through SO_REUSEPORT and took half its mail; it fails with EADDRINUSE now.
+  def test_ractors_server_refuses_a_port_in_use
+    taken = Socket.new(:INET, :STREAM)
+    taken.setsockopt(:SOCKET, :REUSEPORT, true)
+    taken.bind(Addrinfo.tcp("127.0.0.1", 0))
+    taken.listen(8)
+    port = taken.local_address.ip_port
+    server = Smtpe::Server.new(listen: "127.0.0.1:#{port}", handler: Smtpe::Handler.new.freeze,
+                               model: :ractors, workers: 1)
+    assert_raises(Errno::EADDRINUSE) { server.run }
+  ensure
+    taken&.close
+  end
+
+  # Ctrl-C (Interrupt) makes #run stop the server and return nil instead of a backtrace.
+  def test_interrupt_ends_run_quietly
+    %w[threads fibers prefork].each do |model|
+      script = <<~RUBY
+        require "smtpe"
+        server = Smtpe::Server.new(listen: "127.0.0.1:0", handler: Smtpe::Handler.new, model: :#{model},
+                                   workers: 1, on_listening: ->(a) { warn "listening on \#{a}" })
+        p server.run
+        warn "returned"
+      RUBY
+      Dir.mktmpdir do |dir|
+        File.write(File.join(dir, "s.rb"), script)
+        err = File.join(dir, "err")
+        pid = spawn(RbConfig.ruby, "-I", EXT_DIR, "-I", LIB_DIR, File.join(dir, "s.rb"), err: err,
+                    out: File.join(dir, "out"), pgroup: true)
+        Timeout.timeout(15) { sleep 0.05 until File.read(err).include?("listening on") }
+        Process.kill(:INT, pid)
+        _, status = Timeout.timeout(10) { Process.wait2(pid) }
+        assert status.success?, "#{model}: #{File.read(err)}"
+        assert_includes File.read(err), "returned", model
+        assert_equal "nil\n", File.read(File.join(dir, "out")), model
+      ensure
+        Process.kill(:KILL, -pid) rescue nil # rubocop:disable Style/RescueModifier
+      end
+    end
+  end
+
   # An idle client gets the engine's 421 4.4.2 at its command timeout under every model (the
   # Fiber models' reads have no timer of their own: the DeadlineSweeper ends them, up to its
   # 1 s interval late), and the connection is closed.

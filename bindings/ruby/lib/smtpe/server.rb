@@ -82,9 +82,15 @@ module Smtpe
       [m[1] || m[2], Integer(m[3], 10)]
     end
 
-    # Runs until #stop (or SIGINT/SIGTERM when the caller traps them to call #stop).
+    # Runs until #stop, or until SIGINT (Ctrl-C: #run stops the server and returns nil). A
+    # caller that wants SIGTERM to end it cleanly traps it to call #stop; under :prefork the
+    # workers end with this process however it ends (they watch a pipe it holds).
     def run
       send(:"run_#{@model}")
+    rescue Interrupt
+      stop
+      @children.each { |pid| Process.wait(pid) rescue nil } # rubocop:disable Style/RescueModifier
+      nil
     end
 
     # Ends #run: the listeners close; sessions under way are cut.
@@ -161,13 +167,16 @@ module Smtpe
                        "ruby-async; else gem install async -v '~> 1.30'): #{e.message}"
     end
 
-    def fiber_loop(listener)
+    # parent:: under :prefork, the read end of a pipe whose write end only the parent holds:
+    # its EOF (the parent gone, whatever killed it) stops the worker.
+    def fiber_loop(listener, parent: nil)
       Async do |task|
         # #stop from another Thread or a trap cannot wake the reactor: look every 100 ms
         task.async do
           sleep(0.1) until @stopping
           task.stop
         end
+        task.async { parent.wait_readable && (@stopping = true) } if parent
         if Async::VERSION.start_with?("1.") # its waits are Fiber.yield: see DeadlineSweeper
           @sweeper = DeadlineSweeper.new
           task.async { @sweeper.run }
@@ -191,13 +200,16 @@ module Smtpe
     def run_prefork
       require_async
       @listener = listen_tcp
+      parent_r, @parent_w = IO.pipe
       @children = Array.new(@workers) do
         fork do
           %i[INT TERM].each { |sig| trap(sig) { exit!(0) } }
-          fiber_loop(@listener)
+          @parent_w.close
+          fiber_loop(@listener, parent: parent_r)
           exit!(0)
         end
       end
+      parent_r.close
       listening(@listener)
       @children.each { |pid| Process.wait(pid) rescue nil } # rubocop:disable Style/RescueModifier
     end
@@ -206,7 +218,9 @@ module Smtpe
       String.new(capacity: 1) # Ruby 3.1 sets String.new's keyword IDs at first use: racy in Ractors
       factory = Ractor.make_shareable(@factory)
       # the port first (a bound socket that never listens takes no connections), then one
-      # listener per Ractor on it
+      # listener per Ractor on it; a port given must be free first (without SO_REUSEPORT, the
+      # bind fails if anything listens there): else a second server would share it
+      Server.bind_tcp(@host, @port, listen: false).close unless @port.zero?
       probe = Server.bind_tcp(@host, @port, reuseport: true, listen: false)
       port = probe.local_address.ip_port
       host = @host
