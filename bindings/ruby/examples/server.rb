@@ -27,7 +27,7 @@ parser = OptionParser.new do |o|
   o.banner = "usage: server.rb --model MODEL --listen ADDR:PORT (--dir DIR | --sink) [options]"
   o.on("--model MODEL", "threads, fibers, prefork or ractors") do |v|
     # spelled out: OptionParser would take "thread" for threads
-    Smtpe::Server::MODELS.include?(v.to_sym) or raise OptionParser::InvalidArgument, "--model #{v}"
+    Smtpe::Server::MODELS.include?(v.to_sym) or raise OptionParser::InvalidArgument, v
     opts[:model] = v.to_sym
   end
   o.on("--workers N", Integer, "processes (prefork) or Ractors (ractors); default 2") { |v| opts[:workers] = v }
