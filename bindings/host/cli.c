@@ -51,6 +51,7 @@ enum {
     OPT_WORKERS,
     OPT_REPLY_DELAY,
     OPT_JOB_THREADS,
+    OPT_RECIPIENTS,
     OPT_HELP
 };
 
@@ -89,6 +90,7 @@ static const struct option long_options[] = {
     {"workers", required_argument, NULL, OPT_WORKERS},
     {"reply-delay-ms", required_argument, NULL, OPT_REPLY_DELAY},
     {"job-threads", required_argument, NULL, OPT_JOB_THREADS},
+    {"recipients", required_argument, NULL, OPT_RECIPIENTS},
     {"help", no_argument, NULL, OPT_HELP},
     {NULL, 0, NULL, 0},
 };
@@ -118,7 +120,16 @@ void cli_usage(FILE *f)
           "  --greet-delay-ms N         hold the greeting N ms; a client that talks before it\n"
           "                             gets 554 5.5.0 and is disconnected (default 0: off)\n"
           "  --domain D                 accept recipients in domain D only (repeatable; default\n"
-          "                             any); <postmaster> is always accepted\n"
+          "                             any); others get 550 5.7.1; <postmaster> is always\n"
+          "                             accepted\n"
+          "  --recipients FILE          accept only the recipients FILE names, one a line:\n"
+          "                             local@domain, or @domain for all of a domain ('#'\n"
+          "                             starts a comment; case-insensitive); others get\n"
+          "                             550 5.1.1 at RCPT (after --domain's check).\n"
+          "                             <postmaster> and postmaster@ each domain of FILE are\n"
+          "                             always accepted. SIGHUP rereads FILE (a bad file\n"
+          "                             keeps the old list and logs an error); a bad or\n"
+          "                             missing FILE at start: exit 2\n"
           "  --model NAME               host model (default epoll):\n"
           "                               epoll      one thread, one event loop\n"
           "                               prefork    --workers processes, each an event\n"
@@ -363,6 +374,11 @@ static int apply_new(struct host_options *o, int opt, const char *arg)
         return CLI_RUN;
     case OPT_AUTH_PLAINTEXT_OK: o->auth_plaintext_ok = 1; return CLI_RUN;
     case OPT_LMTP: o->lmtp = 1; return CLI_RUN;
+    case OPT_RECIPIENTS:
+        if (*arg == '\0')
+            return usage_error("--recipients needs a file", NULL);
+        o->recipients = arg;
+        return CLI_RUN;
     case OPT_PROXY_PROTOCOL: o->proxy_protocol = 1; return CLI_RUN;
     case OPT_XCLIENT_FROM:
         if (net_parse_cidr(arg, &o->xclient_from[o->xclient_count]) < 0)

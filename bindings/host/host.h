@@ -18,6 +18,7 @@
 
 struct tls_server;
 struct auth_db;
+struct recipients_source;
 
 #define HOST_NAME_MAX_LEN 255 /* RFC 5321 §4.5.3.1.2, and the engine's hostname limit */
 
@@ -37,6 +38,7 @@ struct host_options {
     uint64_t greet_delay_ms;   /* hold the greeting; a client talking first gets 554 5.5.0 */
     const char **domains;      /* accepted recipient domains; NULL/0: any */
     size_t domain_count;
+    const char *recipients;    /* known-recipients file (recipients.h); NULL: any recipient */
     const char *model;         /* host model name: epoll, prefork, reuseport, threads */
     unsigned workers;          /* prefork, reuseport: event loops (default: online cores) */
     unsigned job_threads;      /* event models: job pool threads per loop (jobs.h) */
@@ -69,6 +71,9 @@ struct host_ctx {
     struct maildir maildir;    /* unused with --sink */
     struct tls_server *tls;    /* STARTTLS context; NULL without --tls-cert */
     struct auth_db *auth;      /* AUTH users; NULL without --auth-users */
+    /* The known recipients; NULL without --recipients. The one thing of the context that
+     * changes after start: its table is replaced at SIGHUP (host_reload_check), lock-free. */
+    struct recipients_source *recipients;
     char busy_text[HOST_NAME_MAX_LEN + 64];     /* "<hostname> Too many connections" */
     /* "<hostname> Too many connections from your address" */
     char address_busy_text[HOST_NAME_MAX_LEN + 64];
@@ -77,5 +82,11 @@ struct host_ctx {
 
 /* The monotonic clock in milliseconds (CLOCK_MONOTONIC): the engine's time base. */
 uint64_t host_now_ms(void);
+
+/* If a reload request (SIGHUP, signals.h) has come since *seen (a host_reload_requests()
+ * value; updated): rereads what SIGHUP rereads (--recipients) and logs the outcome ("recipients
+ * file=... mailboxes=N catch-alls=N", or an "error" line; a bad file keeps the old table). For
+ * the one thread of a process that takes signals (main.c, loop.c, the models). */
+void host_reload_check(const struct host_ctx *ctx, unsigned *seen);
 
 #endif

@@ -65,6 +65,7 @@ struct loop {
     struct lconn *graveyard;
     int draining;
     uint64_t drain_deadline;
+    unsigned reloads_seen;   /* host_reload_requests() last looked at (wait_mask loops) */
     uint8_t scratch[CONN_INPUT_BUF]; /* lent to every conn_on_* call */
 };
 
@@ -348,6 +349,8 @@ static int lp_housekeeping(struct loop *l, const sigset_t *wait_mask)
     uint64_t now = host_now_ms();
     int stops = wait_mask ? host_stop_requests() : atomic_load(&l->stop_level);
 
+    if (wait_mask != NULL) /* this loop takes its process' signals: SIGHUP rereads here */
+        host_reload_check(l->ctx, &l->reloads_seen);
     lp_timers(l, now);
     if (l->lfd >= 0 && !l->lfd_polled && l->accept_resume <= now) {
         l->accept_resume = UINT64_MAX;
@@ -450,6 +453,7 @@ struct loop *loop_new(const struct host_ctx *ctx, int lfd, int exclusive,
     l->slot = slot;
     l->accept_resume = UINT64_MAX;
     l->wake_fd = -1;
+    l->reloads_seen = host_reload_requests();
     atomic_init(&l->stop_level, 0);
     timer_heap_init(&l->timers);
     l->epfd = epoll_create1(EPOLL_CLOEXEC);

@@ -13,7 +13,9 @@
  *
  * Stop requests come one of two ways: as signals during the wait (wait_mask non-NULL: the
  * loop is its process's only signal-taking thread, and reads host_stop_requests()), or from
- * another thread through loop_stop (wait_mask NULL).
+ * another thread through loop_stop (wait_mask NULL). A loop that takes signals also rereads
+ * --recipients at a reload request (host_reload_check); otherwise the thread that takes them
+ * does.
  */
 #ifndef SMTPE_HOST_LOOP_H
 #define SMTPE_HOST_LOOP_H

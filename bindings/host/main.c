@@ -17,6 +17,7 @@
 #include "log.h"
 #include "models.h"
 #include "net.h"
+#include "recipients.h"
 #include "signals.h"
 #include "tls.h"
 
@@ -133,6 +134,34 @@ static void log_start(const struct host_ctx *ctx, const struct host_model *model
              o->proxy_protocol ? " proxy-protocol" : "", o->xclient_count ? " xclient" : "");
 }
 
+/* The "recipients" log line: the table now in use (at start and after each good reload). */
+static void log_recipients(const struct host_ctx *ctx, const char *what)
+{
+    const char *path = recipients_source_path(ctx->recipients);
+    size_t mailboxes, catch_alls;
+    char file[512];
+
+    recipients_source_counts(ctx->recipients, &mailboxes, &catch_alls);
+    host_log("recipients %s file=%s mailboxes=%zu catch-alls=%zu", what,
+             host_log_token(file, sizeof file, path, strlen(path)), mailboxes, catch_alls);
+}
+
+void host_reload_check(const struct host_ctx *ctx, unsigned *seen)
+{
+    unsigned now = host_reload_requests();
+    char err[512];
+
+    if (now == *seen)
+        return;
+    *seen = now;
+    if (ctx->recipients == NULL)
+        return;
+    if (recipients_source_reload(ctx->recipients, err, sizeof err) < 0)
+        host_log("error recipients reload: %s; the previous table stays", err);
+    else
+        log_recipients(ctx, "reloaded");
+}
+
 /* Every session holds a socket, and a file while a message is stored: take as many descriptors
  * as the hard limit allows (the soft limit is often 1024). */
 static void raise_fd_limit(void)
@@ -162,19 +191,28 @@ int main(int argc, char **argv)
         fprintf(stderr, "smtpe-server: the engine refuses these limits\n");
         return 2;
     }
-    if (host_signals_init(&wait_mask) < 0) {
+    if (ctx.opt.recipients != NULL &&
+        (ctx.recipients = recipients_source_new(ctx.opt.recipients, err, sizeof err)) == NULL) {
+        fprintf(stderr, "smtpe-server: --recipients %s\n", err);
+        return 2; /* a usage error, like a bad switch: nothing has started */
+    }
+    if (host_signals_init(&wait_mask) < 0 ||
+        (ctx.recipients != NULL && host_signals_reload_on(SIGHUP, &wait_mask) < 0)) {
         fprintf(stderr, "smtpe-server: signals: %s\n", strerror(errno));
+        recipients_source_free(ctx.recipients);
         return 1;
     }
     if (ctx.opt.tls_cert != NULL &&
         (ctx.tls = tls_server_new(ctx.opt.tls_cert, ctx.opt.tls_key, err, sizeof err)) == NULL) {
         fprintf(stderr, "smtpe-server: %s\n", err);
+        recipients_source_free(ctx.recipients);
         return 1;
     }
     if (ctx.opt.auth_users != NULL &&
         (ctx.auth = auth_db_load(ctx.opt.auth_users, err, sizeof err)) == NULL) {
         fprintf(stderr, "smtpe-server: --auth-users %s\n", err);
         tls_server_free(ctx.tls);
+        recipients_source_free(ctx.recipients);
         return 1;
     }
     ctx.maildir.root_fd = ctx.maildir.tmp_fd = ctx.maildir.new_fd = -1;
@@ -183,10 +221,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "smtpe-server: %s\n", err);
         auth_db_free(ctx.auth);
         tls_server_free(ctx.tls);
+        recipients_source_free(ctx.recipients);
         return 1;
     }
     raise_fd_limit();
     log_start(&ctx, model);
+    if (ctx.recipients != NULL)
+        log_recipients(&ctx, "loaded");
     if (!ctx.opt.sink) {
         long n = maildir_sweep_tmp(&ctx.maildir, time(NULL), MAILDIR_TMP_MAX_AGE);
         if (n > 0)
@@ -200,6 +241,7 @@ int main(int argc, char **argv)
     maildir_close(&ctx.maildir);
     auth_db_free(ctx.auth);
     tls_server_free(ctx.tls);
+    recipients_source_free(ctx.recipients);
     host_log("stop status=%d", rc);
     return rc;
 }

@@ -4,8 +4,10 @@
  * Every verdict is given at once except two that wait for blocking work: the fsync and rename
  * that make a message durable, and the crypt(3) of an AUTH attempt. Those run as a job in the
  * loop's pool (jobs.h) and their verdict follows when the job is back (session_job_done); in
- * the threads model (no pool) they run on the session's own thread. The policy is small: any HELO/EHLO/LHLO and MAIL; RCPT only for the --domain list
- * (and always for <postmaster>, RFC 5321 §4.5.1); DATA (or the first BDAT chunk) once the
+ * the threads model (no pool) they run on the session's own thread. The policy is small: any
+ * HELO/EHLO/LHLO and MAIL; RCPT only for the --domain list (550 5.7.1 otherwise), then only for
+ * the --recipients table (550 5.1.1 otherwise; recipients.h), and always for <postmaster>
+ * (RFC 5321 §4.5.1); DATA (or the first BDAT chunk) once the
  * Maildir file is open; end of data only once the file is durable in new/ (under LMTP, one
  * reply per accepted recipient, RFC 2033 §4.2); AUTH PLAIN/LOGIN against the --auth-users
  * file; STARTTLS when a certificate is configured; PROXY, XCLIENT and XFORWARD always (the
@@ -25,6 +27,7 @@
 #include <time.h>
 
 #include "log.h"
+#include "recipients.h"
 
 #define TRACE_MAX (4 * SESSION_NAME_MAX + 3 * HOST_NAME_MAX_LEN + 512)
 #define LMTP_TEXT_MAILBOX_MAX 300 /* longer mailboxes are left out of a per-recipient reply */
@@ -489,6 +492,25 @@ static int remember_rcpt(struct session *ss, const char *mailbox)
     return 0;
 }
 
+/* A recipient the --recipients table does not know: 550 5.1.1 (RFC 3463 §3.2, bad destination
+ * mailbox address), naming the mailbox when it is printable ASCII and short (the engine has
+ * checked its syntax; a UTF-8 one is left out of the reply text). */
+static int refuse_unknown(smtpe_server *s, const smtpe_path *p)
+{
+    char text[LMTP_TEXT_MAILBOX_MAX + 64];
+    smtpe_span m = path_mailbox(p);
+    int ascii = m.len <= LMTP_TEXT_MAILBOX_MAX;
+
+    for (size_t i = 0; i < m.len && ascii; i++)
+        ascii = m.ptr[i] > ' ' && m.ptr[i] < 0x7f;
+    if (ascii)
+        snprintf(text, sizeof text, "<%.*s>: Recipient address rejected: User unknown",
+                 (int)m.len, (const char *)m.ptr);
+    else
+        snprintf(text, sizeof text, "Recipient address rejected: User unknown");
+    return smtpe_server_reply(s, 550, "5.1.1", text);
+}
+
 static int on_rcpt(struct session *ss, smtpe_server *s, const smtpe_event *ev)
 {
     const smtpe_path *p = &ev->rcpt.forward_path;
@@ -496,6 +518,8 @@ static int on_rcpt(struct session *ss, smtpe_server *s, const smtpe_event *ev)
 
     if (!domain_accepted(&ss->ctx->opt, p))
         return smtpe_server_reply(s, 550, "5.7.1", "Relay access denied");
+    if (ss->ctx->recipients != NULL && !recipients_source_known(ss->ctx->recipients, p))
+        return refuse_unknown(s, p);
     if (copy_name(tmp, path_mailbox(p)) < 0)
         return smtpe_server_reply(s, 501, "5.1.3", "Path too long");
     /* the list last: a recipient refused for lack of memory must not be in it (LMTP replies

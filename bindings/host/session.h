@@ -1,6 +1,6 @@
 /*
  * session.h - the host's side of one SMTP or LMTP session: the verdict for each engine event
- * (recipient domain policy, AUTH against the user file, Maildir delivery or --sink), the
+ * (recipient domain policy and known recipients, AUTH against the user file, Maildir delivery or --sink), the
  * client as this host sees it (the socket peer, or what PROXY, XCLIENT and XFORWARD said), the
  * trace headers, the per-message log line and the counters of the disconnect line. It never
  * touches the socket; conn.c feeds it the events and tells it when TLS is up.

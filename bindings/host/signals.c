@@ -1,11 +1,13 @@
 /*
- * signals.c - SIGPIPE and SIGXFSZ ignored, SIGTERM/SIGINT counted (see signals.h).
+ * signals.c - SIGPIPE and SIGXFSZ ignored, SIGTERM/SIGINT counted, SIGHUP counted when asked
+ * (see signals.h).
  */
 #include "signals.h"
 
 #include <string.h>
 
 static volatile sig_atomic_t stop_requests;
+static volatile sig_atomic_t reload_requests; /* 0..0xFFFF, wrapping */
 
 static void on_stop(int sig)
 {
@@ -57,4 +59,31 @@ int host_signals_stop_on(int sig, sigset_t *wait_mask)
 int host_stop_requests(void)
 {
     return stop_requests;
+}
+
+static void on_reload(int sig)
+{
+    (void)sig;
+    reload_requests = (reload_requests + 1) & 0xFFFF;
+}
+
+int host_signals_reload_on(int sig, sigset_t *wait_mask)
+{
+    struct sigaction sa;
+    sigset_t block;
+
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_reload;
+    sigemptyset(&sa.sa_mask);
+    sigemptyset(&block);
+    sigaddset(&block, sig);
+    if (sigaction(sig, &sa, NULL) < 0 || sigprocmask(SIG_BLOCK, &block, NULL) < 0)
+        return -1;
+    sigdelset(wait_mask, sig);
+    return 0;
+}
+
+unsigned host_reload_requests(void)
+{
+    return (unsigned)reload_requests;
 }

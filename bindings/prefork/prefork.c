@@ -4,7 +4,10 @@
  * shared listener (EPOLLEXCLUSIVE, so a new connection wakes one worker, not all). The
  * supervisor serves no client: it replaces a worker that dies, and at SIGTERM/SIGINT tells the
  * workers (SIGUSR1; they ignore SIGTERM and SIGINT themselves) and waits for them to drain. A
- * worker whose supervisor dies drains and exits too.
+ * worker whose supervisor dies drains and exits too. SIGHUP (with --recipients) goes the same
+ * way: the supervisor rereads the file (the table a worker it forks later starts with) and
+ * tells the workers (SIGUSR2; they ignore SIGHUP itself), and each worker rereads it in its
+ * own loop.
  *
  * What it demonstrates: the classic Unix server shape (Apache prefork, Postfix's master,
  * Unicorn), here with an event loop in each process, the study's winning "prefork + Fibers".
@@ -34,6 +37,7 @@
 #define PF_RESPAWN_MIN_MS 1000 /* a worker that dies sooner is restarted after this long */
 #define PF_POLL_MS 100
 #define PF_STOP_SIGNAL SIGUSR1 /* the supervisor's stop request to a worker */
+#define PF_RELOAD_SIGNAL SIGUSR2 /* the supervisor's reload request (SIGHUP) to a worker */
 
 struct pf_worker {
     pid_t pid;        /* 0: not running */
@@ -67,7 +71,12 @@ static void pf_worker_main(const struct host_ctx *ctx, int lfd, struct census *c
     sa.sa_handler = SIG_IGN;
     (void)sigaction(SIGINT, &sa, NULL);
     (void)sigaction(SIGTERM, &sa, NULL);
+    /* A SIGHUP to the group likewise: the supervisor relays it as PF_RELOAD_SIGNAL. */
+    if (ctx->recipients != NULL)
+        (void)sigaction(SIGHUP, &sa, NULL);
     if (host_signals_stop_on(PF_STOP_SIGNAL, &wait_mask) < 0 ||
+        (ctx->recipients != NULL &&
+         host_signals_reload_on(PF_RELOAD_SIGNAL, &wait_mask) < 0) ||
         prctl(PR_SET_PDEATHSIG, PF_STOP_SIGNAL) < 0) {
         host_log("error worker %u: signals: %s", slot, strerror(errno));
         _exit(1);
@@ -156,6 +165,7 @@ int prefork_model_run(const struct host_ctx *ctx, const sigset_t *wait_mask)
     sigset_t chld, wait_chld;
     char err[256];
     int lfd = -1, failed = 0, told = 0;
+    unsigned reloads = host_reload_requests();
 
     if (census == NULL || w == NULL) {
         host_log("error out of memory");
@@ -172,6 +182,7 @@ int prefork_model_run(const struct host_ctx *ctx, const sigset_t *wait_mask)
     /* Blocked before any fork, so that a worker inherits it blocked: a stop request that comes
      * before the worker has installed its handler waits for it instead of killing it. */
     sigaddset(&chld, PF_STOP_SIGNAL);
+    sigaddset(&chld, PF_RELOAD_SIGNAL);
     if (sigaction(SIGCHLD, &sa, NULL) < 0 || sigprocmask(SIG_BLOCK, &chld, NULL) < 0) {
         host_log("error sigaction: %s", strerror(errno));
         failed = 1;
@@ -180,6 +191,7 @@ int prefork_model_run(const struct host_ctx *ctx, const sigset_t *wait_mask)
     wait_chld = *wait_mask;
     sigdelset(&wait_chld, SIGCHLD);
     sigaddset(&wait_chld, PF_STOP_SIGNAL); /* the workers', never the supervisor's */
+    sigaddset(&wait_chld, PF_RELOAD_SIGNAL);
     lfd = net_listen((const struct sockaddr *)&ctx->opt.listen_addr, ctx->opt.listen_addr_len,
                      0, err, sizeof err);
     if (lfd < 0) {
@@ -206,6 +218,10 @@ int prefork_model_run(const struct host_ctx *ctx, const sigset_t *wait_mask)
             }
             pf_signal_all(w, n, PF_STOP_SIGNAL); /* the second one ends their drain */
             told = stops;
+        }
+        if (host_reload_requests() != reloads) {
+            host_reload_check(ctx, &reloads);
+            pf_signal_all(w, n, PF_RELOAD_SIGNAL); /* each worker rereads for itself */
         }
         running = pf_reap(w, n, census, told == 0, &failed);
         if (told == 0) {

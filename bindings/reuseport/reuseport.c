@@ -2,7 +2,8 @@
  * reuseport.c - the reuseport host model: --workers threads in one process, each running its
  * own event loop (host/loop.c) on its own listener bound with SO_REUSEPORT to the same
  * address; the kernel spreads new connections across the listeners by a hash of the peer's
- * address and port. The main thread only waits for SIGTERM/SIGINT and tells the loops.
+ * address and port. The main thread only waits for SIGTERM/SIGINT and tells the loops, and
+ * rereads --recipients at SIGHUP (the loops see the new table from their next RCPT).
  *
  * What it demonstrates: the engine needs no shared state, so N independent loops scale across
  * cores with no lock on the path of a session (the only thing shared is the session count for
@@ -86,6 +87,7 @@ int reuseport_model_run(const struct host_ctx *ctx, const sigset_t *wait_mask)
     int *fds = calloc(n, sizeof *fds);
     char err[256];
     int rc = 0, told = 0, stops;
+    unsigned reloads = host_reload_requests();
 
     if (census == NULL || w == NULL || fds == NULL) {
         host_log("error out of memory");
@@ -121,6 +123,7 @@ int reuseport_model_run(const struct host_ctx *ctx, const sigset_t *wait_mask)
     }
     for (;;) {
         unsigned running = 0;
+        host_reload_check(ctx, &reloads);
         stops = host_stop_requests();
         if (stops > told) {
             if (told == 0) /* no loop accepts from now on, even one busy elsewhere */

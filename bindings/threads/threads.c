@@ -244,6 +244,7 @@ int threads_model_run(const struct host_ctx *ctx, const sigset_t *wait_mask)
     pthread_attr_t attr;
     char err[256];
     int lfd, told = 0;
+    unsigned reloads = host_reload_requests();
     uint64_t resume = 0;
 
     memset(&sh, 0, sizeof sh);
@@ -274,8 +275,8 @@ int threads_model_run(const struct host_ctx *ctx, const sigset_t *wait_mask)
     pthread_attr_init(&attr);
     pthread_attr_setstacksize(&attr, TH_STACK_SIZE);
     host_announce_listener(lfd);
-    /* The connection threads inherit the blocked SIGTERM/SIGINT: only this thread takes them,
-     * in ppoll. */
+    /* The connection threads inherit the blocked SIGTERM/SIGINT (and SIGHUP): only this thread
+     * takes them, in ppoll. */
     for (;;) {
         int stops = host_stop_requests();
         uint64_t now = host_now_ms();
@@ -283,6 +284,7 @@ int threads_model_run(const struct host_ctx *ctx, const sigset_t *wait_mask)
                               {.fd = lfd, .events = POLLIN}};
         struct timespec ts = {.tv_sec = 0, .tv_nsec = TH_POLL_MS * 1000000L};
         int n;
+        host_reload_check(ctx, &reloads); /* SIGHUP: the sessions' next RCPT sees it */
         if (stops > told) {
             if (told == 0) {
                 host_log("shutdown sessions=%u drain-seconds=%u", atomic_load(&sh.active),
