@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "auth.h"
+#include "log.h"
 #include "net.h"
 #include "tls.h"
 
@@ -51,6 +52,9 @@ enum {
     OPT_WORKERS,
     OPT_REPLY_DELAY,
     OPT_JOB_THREADS,
+    OPT_LAX_ANGLE_BRACKETS,
+    OPT_LOG_FORMAT,
+    OPT_LOG_NO_TIME,
     OPT_HELP
 };
 
@@ -89,6 +93,9 @@ static const struct option long_options[] = {
     {"workers", required_argument, NULL, OPT_WORKERS},
     {"reply-delay-ms", required_argument, NULL, OPT_REPLY_DELAY},
     {"job-threads", required_argument, NULL, OPT_JOB_THREADS},
+    {"lax-angle-brackets", no_argument, NULL, OPT_LAX_ANGLE_BRACKETS},
+    {"log-format", required_argument, NULL, OPT_LOG_FORMAT},
+    {"log-no-time", no_argument, NULL, OPT_LOG_NO_TIME},
     {"help", no_argument, NULL, OPT_HELP},
     {NULL, 0, NULL, 0},
 };
@@ -158,10 +165,29 @@ void cli_usage(FILE *f)
           "  --no-requiretls            do not offer REQUIRETLS (offered only under TLS)\n"
           "  --no-mt-priority           do not offer MT-PRIORITY\n"
           "  --no-deliverby             do not offer DELIVERBY\n"
+          "  --lax-angle-brackets       accept MAIL FROM:/RCPT TO: paths without angle\n"
+          "                             brackets (MAIL FROM:user@example.com); refused with\n"
+          "                             501 by default (RFC 5321 4.1.2)\n"
+          "  --log-format FORMAT        the log on stderr: text (default), one line of\n"
+          "                             key=value pairs per record, or json, one JSON object\n"
+          "                             per line with the same keys (see below)\n"
+          "  --log-no-time              no timestamp on log lines (journald adds its own)\n"
           "  --help                     show this text\n"
           "\n"
-          "When ready it prints \"listening on ADDR:PORT\" on stderr; the log is key=value lines\n"
-          "on stderr.\n",
+          "When ready it prints \"listening on ADDR:PORT\" on stderr. Each log line is\n"
+          "written whole, in one write; it starts with an RFC 3339 UTC timestamp (not with\n"
+          "--log-no-time) and the event; every line of a session has the same sid=:\n"
+          "  2026-12-02T17:20:05.123Z smtpe[1234]: connect sid=5f0c2a9be4d1 peer=192.0.2.7:41000\n"
+          "  2026-12-02T17:20:05.210Z smtpe[1234]: message sid=5f0c2a9be4d1 id=ID\n"
+          "    peer=192.0.2.7:41000 from=<a@example.org> nrcpt=2 rcpts=b@example.com,\n"
+          "    j%C3%B8rn@example.com size=312 status=queued   (one line; split here)\n"
+          "  2026-12-02T17:20:05.260Z smtpe[1234]: disconnect sid=5f0c2a9be4d1 ... ids=ID\n"
+          "With --log-format json the same records are objects, \"time\", \"pid\" and\n"
+          "\"event\" first, numbers as numbers, UTF-8 addresses as themselves:\n"
+          "  {\"time\":\"2026-12-02T17:20:05.123Z\",\"pid\":1234,\"event\":\"connect\",\n"
+          "   \"sid\":\"5f0c2a9be4d1\",\"peer\":\"192.0.2.7:41000\"}\n"
+          "Names and addresses are %XX-escaped (octets outside printable ASCII, space, %\n"
+          "and, in lists, comma); in JSON valid UTF-8 is kept as is.\n",
           f);
 }
 
@@ -380,6 +406,16 @@ static int apply_new(struct host_options *o, int opt, const char *arg)
     case OPT_NO_REQUIRETLS: o->ext_off |= SMTPE_EXT_REQUIRETLS; return CLI_RUN;
     case OPT_NO_MT_PRIORITY: o->ext_off |= SMTPE_EXT_MT_PRIORITY; return CLI_RUN;
     case OPT_NO_DELIVERBY: o->ext_off |= SMTPE_EXT_DELIVERBY; return CLI_RUN;
+    case OPT_LAX_ANGLE_BRACKETS: o->lax_angle_brackets = 1; return CLI_RUN;
+    case OPT_LOG_NO_TIME: o->log_no_time = 1; return CLI_RUN;
+    case OPT_LOG_FORMAT:
+        if (strcmp(arg, "text") == 0)
+            o->log_format = HOST_LOG_TEXT;
+        else if (strcmp(arg, "json") == 0)
+            o->log_format = HOST_LOG_JSON;
+        else
+            return usage_error("bad --log-format (text or json)", arg);
+        return CLI_RUN;
     default:
         return usage_error("unknown option", NULL);
     }
