@@ -59,7 +59,8 @@ SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime e
 
 def is_message(l, qid=None):
     """Whether the text log line l is a message line (of the message qid, when given):
-    "TIME smtpe[PID]: message sid=SID id=QID peer=... from=<...> ...""""
+    "TIME smtpe[PID]: message sid=SID id=QID peer=... from=<...> ...".
+    """
     m = re.search(r" message sid=[0-9a-f]{12} id=(\S+) ", l)
     return bool(m) and (qid is None or m.group(1) == qid)
 
