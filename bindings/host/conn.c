@@ -209,7 +209,10 @@ struct conn *conn_new(const struct host_ctx *ctx, struct job_pool *pool, uint8_t
         slot_put(c);
         return NULL;
     }
-    host_log("connect sid=%s peer=%s", c->ss.sid, c->ss.peer);
+    /* with --proxy-protocol the socket peer is a balancer: the client comes with the header
+     * (the "proxy" line) */
+    host_log("connect sid=%s %s=%s", c->ss.sid, ctx->opt.proxy_protocol ? "via" : "peer",
+             c->ss.peer);
     return c;
 }
 

@@ -844,6 +844,10 @@ static int on_proxy(struct session *ss, smtpe_server *s, const smtpe_event *ev)
         }
         ss->seat.key = key;
     }
+    if (inet)
+        host_log("proxy sid=%s peer=%s via=%s", ss->sid, ss->peer, ss->via);
+    else /* the balancer's own connection (LOCAL) or a source it does not name */
+        host_log("proxy sid=%s source=%s", ss->sid, p->local ? "local" : "unknown");
     if (inet && o->xclient_count > 0 &&
         (rc = smtpe_server_set_trusted(
              s, ss->proxy_vouched && net_cidr_match(o->xclient_from, o->xclient_count, family,
