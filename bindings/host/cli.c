@@ -174,20 +174,18 @@ void cli_usage(FILE *f)
           "  --log-no-time              no timestamp on log lines (journald adds its own)\n"
           "  --help                     show this text\n"
           "\n"
-          "When ready it prints \"listening on ADDR:PORT\" on stderr. Each log line is\n"
-          "written whole, in one write; it starts with an RFC 3339 UTC timestamp (not with\n"
-          "--log-no-time) and the event; every line of a session has the same sid=:\n"
+          "When ready it prints \"listening on ADDR:PORT\" on stderr. The log on stderr has\n"
+          "one line per record, written whole in one write: an RFC 3339 UTC timestamp (not\n"
+          "with --log-no-time), smtpe[PID]:, the event and key=value pairs. All lines of a\n"
+          "session share its sid=; the message line names peer= and rcpts=, the\n"
+          "disconnect line the queue ids= of the session's accepted messages:\n"
           "  2026-12-02T17:20:05.123Z smtpe[1234]: connect sid=5f0c2a9be4d1 peer=192.0.2.7:41000\n"
-          "  2026-12-02T17:20:05.210Z smtpe[1234]: message sid=5f0c2a9be4d1 id=ID\n"
-          "    peer=192.0.2.7:41000 from=<a@example.org> nrcpt=2 rcpts=b@example.com,\n"
-          "    j%C3%B8rn@example.com size=312 status=queued   (one line; split here)\n"
-          "  2026-12-02T17:20:05.260Z smtpe[1234]: disconnect sid=5f0c2a9be4d1 ... ids=ID\n"
-          "With --log-format json the same records are objects, \"time\", \"pid\" and\n"
-          "\"event\" first, numbers as numbers, UTF-8 addresses as themselves:\n"
+          "With --log-format json, one object per line with the same keys after \"time\",\n"
+          "\"pid\" and \"event\"; numbers as numbers, rcpts and ids as arrays (one line):\n"
           "  {\"time\":\"2026-12-02T17:20:05.123Z\",\"pid\":1234,\"event\":\"connect\",\n"
           "   \"sid\":\"5f0c2a9be4d1\",\"peer\":\"192.0.2.7:41000\"}\n"
-          "Names and addresses are %XX-escaped (octets outside printable ASCII, space, %\n"
-          "and, in lists, comma); in JSON valid UTF-8 is kept as is.\n",
+          "Client names and addresses are %XX-escaped in text (octets outside printable\n"
+          "ASCII, space, %, and comma in lists); JSON keeps valid UTF-8 as it is.\n",
           f);
 }
 

@@ -99,6 +99,15 @@ static void civil_from_days(int64_t days, int64_t *y, unsigned *m, unsigned *d)
     *y = (int64_t)yoe + era * 400 + (*m <= 2);
 }
 
+/* v as n decimal digits (the low ones) at p. */
+static void put_digits(char *p, unsigned v, int n)
+{
+    while (n-- > 0) {
+        p[n] = (char)('0' + v % 10);
+        v /= 10;
+    }
+}
+
 void host_log_time(char out[25])
 {
     struct timespec ts;
@@ -113,12 +122,20 @@ void host_log_time(char out[25])
             days--;
         }
         civil_from_days(days, &y, &m, &d);
-        snprintf(time_head, sizeof time_head, "%04u-%02u-%02uT%02u:%02u:%02u",
-                 (unsigned)(y % 10000), m, d, (unsigned)(rem / 3600),
-                 (unsigned)(rem / 60 % 60), (unsigned)(rem % 60));
+        memcpy(time_head, "0000-00-00T00:00:00", sizeof time_head);
+        put_digits(time_head, (unsigned)(y % 10000), 4);
+        put_digits(time_head + 5, m, 2);
+        put_digits(time_head + 8, d, 2);
+        put_digits(time_head + 11, (unsigned)(rem / 3600), 2);
+        put_digits(time_head + 14, (unsigned)(rem / 60 % 60), 2);
+        put_digits(time_head + 17, (unsigned)(rem % 60), 2);
         time_sec = (int64_t)ts.tv_sec;
     }
-    snprintf(out, 25, "%s.%03uZ", time_head, (unsigned)(ts.tv_nsec / 1000000));
+    memcpy(out, time_head, 19);
+    out[19] = '.';
+    put_digits(out + 20, (unsigned)(ts.tv_nsec / 1000000), 3);
+    out[23] = 'Z';
+    out[24] = '\0';
 }
 
 /* ---- session ids ------------------------------------------------------------------------ */

@@ -227,10 +227,10 @@ void session_free(struct session *ss)
     session_abort(ss);
     free(ss->rcpts_buf);
     ss->rcpts_buf = NULL;
+    ss->rcpts_len = ss->rcpts_cap = 0;
     free(ss->log_rcpts);
     free(ss->log_ids);
     ss->log_rcpts = ss->log_ids = NULL;
-    ss->rcpts_len = ss->rcpts_cap = 0;
     clear_str(&ss->peer_name);
     clear_str(&ss->helo);
     clear_str(&ss->mail);
