@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "auth.h"
+#include "log.h"
 #include "net.h"
 #include "tls.h"
 
@@ -52,6 +53,9 @@ enum {
     OPT_REPLY_DELAY,
     OPT_JOB_THREADS,
     OPT_RECIPIENTS,
+    OPT_LAX_ANGLE_BRACKETS,
+    OPT_LOG_FORMAT,
+    OPT_LOG_NO_TIME,
     OPT_HELP
 };
 
@@ -91,6 +95,9 @@ static const struct option long_options[] = {
     {"reply-delay-ms", required_argument, NULL, OPT_REPLY_DELAY},
     {"job-threads", required_argument, NULL, OPT_JOB_THREADS},
     {"recipients", required_argument, NULL, OPT_RECIPIENTS},
+    {"lax-angle-brackets", no_argument, NULL, OPT_LAX_ANGLE_BRACKETS},
+    {"log-format", required_argument, NULL, OPT_LOG_FORMAT},
+    {"log-no-time", no_argument, NULL, OPT_LOG_NO_TIME},
     {"help", no_argument, NULL, OPT_HELP},
     {NULL, 0, NULL, 0},
 };
@@ -169,10 +176,27 @@ void cli_usage(FILE *f)
           "  --no-requiretls            do not offer REQUIRETLS (offered only under TLS)\n"
           "  --no-mt-priority           do not offer MT-PRIORITY\n"
           "  --no-deliverby             do not offer DELIVERBY\n"
+          "  --lax-angle-brackets       accept MAIL FROM:/RCPT TO: paths without angle\n"
+          "                             brackets (MAIL FROM:user@example.com); refused with\n"
+          "                             501 by default (RFC 5321 4.1.2)\n"
+          "  --log-format FORMAT        the log on stderr: text (default), one line of\n"
+          "                             key=value pairs per record, or json, one JSON object\n"
+          "                             per line with the same keys (see below)\n"
+          "  --log-no-time              no timestamp on log lines (journald adds its own)\n"
           "  --help                     show this text\n"
           "\n"
-          "When ready it prints \"listening on ADDR:PORT\" on stderr; the log is key=value lines\n"
-          "on stderr.\n",
+          "When ready it prints \"listening on ADDR:PORT\" on stderr. The log on stderr has\n"
+          "one line per record, written whole in one write: an RFC 3339 UTC timestamp (not\n"
+          "with --log-no-time), smtpe[PID]:, the event and key=value pairs. All lines of a\n"
+          "session share its sid=; the message line names peer= and rcpts=, the\n"
+          "disconnect line the queue ids= of the session's accepted messages:\n"
+          "  2026-12-02T17:20:05.123Z smtpe[1234]: connect sid=5f0c2a9be4d1 peer=192.0.2.7:41000\n"
+          "With --log-format json, one object per line with the same keys after \"time\",\n"
+          "\"pid\" and \"event\"; numbers as numbers, rcpts and ids as arrays (one line):\n"
+          "  {\"time\":\"2026-12-02T17:20:05.123Z\",\"pid\":1234,\"event\":\"connect\",\n"
+          "   \"sid\":\"5f0c2a9be4d1\",\"peer\":\"192.0.2.7:41000\"}\n"
+          "Client names and addresses are %XX-escaped in text (octets outside printable\n"
+          "ASCII, space, %, and comma in lists); JSON keeps valid UTF-8 as it is.\n",
           f);
 }
 
@@ -396,6 +420,16 @@ static int apply_new(struct host_options *o, int opt, const char *arg)
     case OPT_NO_REQUIRETLS: o->ext_off |= SMTPE_EXT_REQUIRETLS; return CLI_RUN;
     case OPT_NO_MT_PRIORITY: o->ext_off |= SMTPE_EXT_MT_PRIORITY; return CLI_RUN;
     case OPT_NO_DELIVERBY: o->ext_off |= SMTPE_EXT_DELIVERBY; return CLI_RUN;
+    case OPT_LAX_ANGLE_BRACKETS: o->lax_angle_brackets = 1; return CLI_RUN;
+    case OPT_LOG_NO_TIME: o->log_no_time = 1; return CLI_RUN;
+    case OPT_LOG_FORMAT:
+        if (strcmp(arg, "text") == 0)
+            o->log_format = HOST_LOG_TEXT;
+        else if (strcmp(arg, "json") == 0)
+            o->log_format = HOST_LOG_JSON;
+        else
+            return usage_error("bad --log-format (text or json)", arg);
+        return CLI_RUN;
     default:
         return usage_error("unknown option", NULL);
     }

@@ -204,11 +204,15 @@ struct conn *conn_new(const struct host_ctx *ctx, struct job_pool *pool, uint8_t
     if (rc == 0)
         rc = session_start(&c->ss, c->s, peer);
     if (rc < 0) {
-        host_log("error peer=%s engine: %s", c->ss.peer, smtpe_strerror(rc));
+        host_log("error sid=%s peer=%s engine: %s", c->ss.sid, c->ss.peer, smtpe_strerror(rc));
         session_free(&c->ss);
         slot_put(c);
         return NULL;
     }
+    /* with --proxy-protocol the socket peer is a balancer: the client comes with the header
+     * (the "proxy" line) */
+    host_log("connect sid=%s %s=%s", c->ss.sid, ctx->opt.proxy_protocol ? "via" : "peer",
+             c->ss.peer);
     return c;
 }
 
@@ -252,7 +256,7 @@ static ssize_t sock_send(struct conn *c, const uint8_t *p, size_t len)
             return w;
         if (w == TLS_WANT_READ || w == TLS_WANT_WRITE)
             return IO_AGAIN;
-        host_log("error peer=%s tls: %s", c->ss.peer, tls_conn_error(c->tls));
+        host_log("error sid=%s peer=%s tls: %s", c->ss.sid, c->ss.peer, tls_conn_error(c->tls));
         return IO_ERROR;
     }
     for (;;) {
@@ -314,7 +318,8 @@ static ssize_t flush(struct conn *c, uint64_t now_ms)
 /* The client spoke while the greeting was held: 554 5.5.0 in its place, and close. */
 static void pregreet(struct conn *c, uint64_t now_ms)
 {
-    host_log("pregreet peer=%s octets=%zu ms=%llu", c->ss.peer, c->in_len - c->in_off,
+    host_log("pregreet sid=%s peer=%s octets=%zu ms=%llu", c->ss.sid, c->ss.peer,
+             c->in_len - c->in_off,
              (unsigned long long)(now_ms - c->start_ms));
     session_set_end(&c->ss, "pregreet");
     (void)smtpe_server_close(c->s, 554, "5.5.0", "Protocol error: talked before the greeting");
@@ -357,7 +362,7 @@ static int pump(struct conn *c, uint64_t now_ms)
             took = 1;
             if (ev.type == SMTPE_EV_STARTTLS && c->ctx->tls != NULL && c->tls == NULL &&
                 (c->tls = tls_conn_new(c->ctx->tls, c->fd)) == NULL) {
-                host_log("error peer=%s starttls: out of memory", c->ss.peer);
+                host_log("error sid=%s peer=%s starttls: out of memory", c->ss.sid, c->ss.peer);
                 rc = smtpe_server_reply(c->s, 454, "4.7.0",
                                         "TLS not available due to temporary reason");
                 if (rc < 0)
@@ -427,7 +432,7 @@ static unsigned interest(struct conn *c)
         return readiness(c, 0, out);
     /* A full buffer the engine will not take, and nothing to send: cannot happen while every
      * verdict is given at once, but never wait for nothing. */
-    host_log("error peer=%s input stalled", c->ss.peer);
+    host_log("error sid=%s peer=%s input stalled", c->ss.sid, c->ss.peer);
     return fail(c, "io-error");
 }
 
@@ -442,20 +447,21 @@ static int begin_tls(struct conn *c, uint64_t now_ms)
     smtpe_server_stats st;
 
     if (c->in_off < c->in_len) { /* the engine always takes them; never hand them to TLS */
-        host_log("error peer=%s starttls: %zu octets left unread, dropped", c->ss.peer,
-                 c->in_len - c->in_off);
+        host_log("error sid=%s peer=%s starttls: %zu octets left unread, dropped", c->ss.sid,
+                 c->ss.peer, c->in_len - c->in_off);
         c->in_off = c->in_len = 0;
     }
     smtpe_server_get_stats(c->s, &st);
     if (st.discarded_octets > 0)
-        host_log("warning peer=%s starttls_discarded=%llu (sent after STARTTLS, before TLS)",
-                 c->ss.peer, (unsigned long long)st.discarded_octets);
+        host_log("warning sid=%s peer=%s starttls_discarded=%llu (sent after STARTTLS, before "
+                 "TLS)",
+                 c->ss.sid, c->ss.peer, (unsigned long long)st.discarded_octets);
     if (c->eof)
         return -1;
     if (c->tls == NULL) /* made at the STARTTLS event */
         c->tls = tls_conn_new(c->ctx->tls, c->fd);
     if (c->tls == NULL) {
-        host_log("error peer=%s tls handshake failed: out of memory", c->ss.peer);
+        host_log("error sid=%s peer=%s tls handshake failed: out of memory", c->ss.sid, c->ss.peer);
         return -1;
     }
     c->tls_state = CONN_TLS_HANDSHAKE;
@@ -475,7 +481,8 @@ static unsigned handshake(struct conn *c, uint64_t now_ms)
     if (rc == TLS_WANT_WRITE)
         return CONN_WRITE;
     if (rc != 0) {
-        host_log("error peer=%s tls handshake failed: %s", c->ss.peer, tls_conn_error(c->tls));
+        host_log("error sid=%s peer=%s tls handshake failed: %s", c->ss.sid, c->ss.peer,
+                 tls_conn_error(c->tls));
         return fail(c, "tls-error");
     }
     c->tls_state = CONN_TLS_UP;
@@ -484,7 +491,7 @@ static unsigned handshake(struct conn *c, uint64_t now_ms)
     session_tls_up(&c->ss, version, cipher, bits, alg_bits);
     rc = smtpe_server_tls_started(c->s, now_ms);
     if (rc < 0) {
-        host_log("error peer=%s engine: %s", c->ss.peer, smtpe_strerror(rc));
+        host_log("error sid=%s peer=%s engine: %s", c->ss.sid, c->ss.peer, smtpe_strerror(rc));
         return fail(c, "io-error");
     }
     return 0;
@@ -510,7 +517,7 @@ static unsigned progress(struct conn *c, uint64_t now_ms)
         }
         rc = pump(c, now_ms);
         if (rc < 0) {
-            host_log("error peer=%s engine: %s", c->ss.peer, smtpe_strerror(rc));
+            host_log("error sid=%s peer=%s engine: %s", c->ss.sid, c->ss.peer, smtpe_strerror(rc));
             return fail(c, "io-error");
         }
         /* A timeout that is due fires here (its event is taken by the next pump); after a
@@ -566,7 +573,8 @@ static unsigned done(struct conn *c, unsigned bits, uint64_t now_ms)
     if (left > 0) {
         if (c->own == NULL && (c->own = malloc(CONN_INPUT_BUF)) == NULL) {
             /* the pipelined commands are dropped: 421 once the verdict that waits is out */
-            host_log("error peer=%s input: out of memory, %zu octets dropped", c->ss.peer, left);
+            host_log("error sid=%s peer=%s input: out of memory, %zu octets dropped",
+                     c->ss.sid, c->ss.peer, left);
             c->in_off = c->in_len = 0;
             c->nomem = 1;
             if (!c->ss.job_pending)
@@ -601,7 +609,7 @@ static ssize_t sock_recv(struct conn *c, uint8_t *p, size_t len)
             return IO_AGAIN;
         if (r == TLS_CLOSED)
             return 0;
-        host_log("error peer=%s tls: %s", c->ss.peer, tls_conn_error(c->tls));
+        host_log("error sid=%s peer=%s tls: %s", c->ss.sid, c->ss.peer, tls_conn_error(c->tls));
         return IO_ERROR;
     }
     for (;;) {
@@ -676,7 +684,7 @@ unsigned conn_on_job(struct conn *c, uint64_t now_ms)
     int rc = session_job_done(&c->ss, c->s);
 
     if (rc < 0) {
-        host_log("error peer=%s engine: %s", c->ss.peer, smtpe_strerror(rc));
+        host_log("error sid=%s peer=%s engine: %s", c->ss.sid, c->ss.peer, smtpe_strerror(rc));
         return fail(c, "io-error");
     }
     if (c->nomem)
@@ -715,7 +723,7 @@ unsigned conn_on_timer(struct conn *c, uint64_t now_ms)
     if (c->linger_until != 0)
         return c->linger_until <= now_ms ? fail(c, "eof") : CONN_READ;
     if (c->handshake_deadline <= now_ms) {
-        host_log("error peer=%s tls handshake failed: timeout", c->ss.peer);
+        host_log("error sid=%s peer=%s tls handshake failed: timeout", c->ss.sid, c->ss.peer);
         return fail(c, "timeout");
     }
     if (output_deadline(c) <= now_ms)
@@ -735,7 +743,7 @@ void conn_shutdown(struct conn *c, uint64_t now_ms)
 }
 
 /* The optional fields of the disconnect line: " via=... tls=... auth=... auth_failed=N
- * starttls_discarded=N", each only when it applies. */
+ * starttls_discarded=N ids=ID,ID ids_more=N", each only when it applies. */
 static void disconnect_extras(const struct conn *c, const smtpe_server_stats *st, char *out,
                               size_t cap)
 {
@@ -755,23 +763,31 @@ static void disconnect_extras(const struct conn *c, const smtpe_server_stats *st
     if (ss->auth_failures && n < cap)
         n += (size_t)snprintf(out + n, cap - n, " auth_failed=%u", ss->auth_failures);
     if (st->discarded_octets && n < cap)
-        (void)snprintf(out + n, cap - n, " starttls_discarded=%llu",
-                       (unsigned long long)st->discarded_octets);
+        n += (size_t)snprintf(out + n, cap - n, " starttls_discarded=%llu",
+                              (unsigned long long)st->discarded_octets);
+    if (ss->log_ids_len > 0 && n < cap)
+        n += (size_t)snprintf(out + n, cap - n, " ids=%s", ss->log_ids);
+    if (ss->log_ids_more > 0 && n < cap)
+        (void)snprintf(out + n, cap - n, " ids_more=%u", ss->log_ids_more);
 }
 
 void conn_free(struct conn *c)
 {
     smtpe_server_stats st;
     const struct session *ss = &c->ss;
-    char helo[3 * 64 + 1], extras[3 * AUTH_USER_MAX + 2 * NET_HOSTPORT_MAX + 256];
+    char helo[3 * 64 + 1];
+    char extras[3 * AUTH_USER_MAX + 2 * NET_HOSTPORT_MAX + 256 +
+                SESSION_LOG_IDS * (MAILDIR_QUEUE_ID_LEN + 1)];
 
     smtpe_server_get_stats(c->s, &st);
     disconnect_extras(c, &st, extras, sizeof extras);
-    host_log("disconnect peer=%s helo=%s mail=%u rcpt=%u data=%u delivered=%u errors=%u "
+    if (session_helo(ss)[0])
+        host_log_token(helo, sizeof helo, session_helo(ss), strlen(session_helo(ss)));
+    else
+        snprintf(helo, sizeof helo, "-");
+    host_log("disconnect sid=%s peer=%s helo=%s mail=%u rcpt=%u data=%u delivered=%u errors=%u "
              "in=%llu out=%llu ms=%llu end=%s%s",
-             ss->peer, session_helo(ss)[0] ? host_log_token(helo, sizeof helo, session_helo(ss),
-                                                            strlen(session_helo(ss)))
-                                           : "-",
+             ss->sid, ss->peer, helo,
              ss->mails, ss->rcpts, ss->datas, ss->delivered, st.errors,
              (unsigned long long)c->bytes_in, (unsigned long long)c->bytes_out,
              (unsigned long long)(host_now_ms() - c->start_ms), ss->end ? ss->end : "eof",
@@ -780,7 +796,7 @@ void conn_free(struct conn *c)
     free(c->own);
     tls_conn_free(c->tls); /* a close_notify if the socket takes it at once */
     if (close(c->fd) < 0 && errno != EINTR)
-        host_log("error peer=%s close: %s", ss->peer, strerror(errno));
+        host_log("error sid=%s peer=%s close: %s", ss->sid, ss->peer, strerror(errno));
     slot_put(c);
 }
 
@@ -832,7 +848,7 @@ void conn_reject(const struct host_ctx *ctx, int fd, const struct sockaddr *peer
         w = send(fd, out, len, MSG_NOSIGNAL);
     while (w < 0 && errno == EINTR);
     smtpe_server_free(s);
-    host_log_reject(now_ms, net_hostport(peer, where),
+    host_log_reject(now_ms, NULL, net_hostport(peer, where),
                     why == CENSUS_ADDRESS_FULL ? "too-many-connections-from-address"
                     : why == CONN_REJECT_NOMEM ? "out-of-memory"
                     : why == CONN_REJECT_PROXY ? "not-a-trusted-proxy"

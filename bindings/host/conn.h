@@ -18,7 +18,7 @@
  * greeting went out gets 554 5.5.0 in its place and is disconnected (a pregreet test: spam
  * software that does not wait for the server to speak, RFC 5321 §3.1).
  *
- * Memory per connection: one page-aligned slot of whole pages holding the struct (about 850
+ * Memory per connection: one page-aligned slot of whole pages holding the struct (about 910
  * octets with the session) and the engine's smtpe_server_memory_size() octets, of which an idle
  * session touches the first 4 KiB page; the HELO name and the paths of the transaction, heap
  * strings of their own length; a 16 KiB input buffer only once the engine has
@@ -26,8 +26,9 @@
  * otherwise input is read into the model's scratch buffer; plus a 64 KiB write buffer while a
  * message is being stored, OpenSSL's state once STARTTLS has run (its record buffers are
  * released while the session is idle), a job (about 1.3 KiB) from the first message stored or
- * AUTH, and under LMTP the transaction's accepted recipients (at most max_recipients names,
- * kept for the per-recipient replies).
+ * AUTH, under LMTP the transaction's accepted recipients (at most max_recipients names,
+ * kept for the per-recipient replies), and the log's lists from the first RCPT and the first
+ * message accepted (1 KiB of recipients, 8 queue ids: SESSION_LOG_*).
  *
  * Under STARTTLS the pump runs the handshake itself (bounded by the command timeout) and then
  * reads and writes through TLS; the model only sees CONN_READ / CONN_WRITE as before.

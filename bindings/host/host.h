@@ -61,6 +61,9 @@ struct host_options {
     struct net_cidr *proxy_from; /* peers that may send the PROXY header; 0: any */
     size_t proxy_from_count;
     unsigned ext_off;          /* SMTPE_EXT_* switched off by --no-... */
+    int lax_angle_brackets;    /* MAIL FROM:/RCPT TO: paths without <> accepted */
+    int log_format;            /* HOST_LOG_TEXT or HOST_LOG_JSON (log.h) */
+    int log_no_time;           /* log lines without their timestamp */
 };
 
 /* Read-only state shared by all connections of all models. */

@@ -104,6 +104,7 @@ static int build_config(struct host_ctx *ctx)
     cfg->max_recipients = o->max_recipients;
     cfg->max_errors = o->max_errors;
     cfg->line_ending = o->line_ending;
+    cfg->lax_angle_brackets = o->lax_angle_brackets;
     if (o->has_command_timeout)
         cfg->command_timeout_ms = o->command_timeout_ms;
     if (o->has_data_timeout)
@@ -185,6 +186,7 @@ int main(int argc, char **argv)
 
     if (rc != CLI_RUN)
         return rc == CLI_HELP ? 0 : 2;
+    host_log_setup(ctx.opt.log_format, !ctx.opt.log_no_time);
     if ((model = find_model(ctx.opt.model)) == NULL)
         return 2;
     if (build_config(&ctx) < 0) {

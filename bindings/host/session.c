@@ -58,6 +58,7 @@ struct session_job {
     uint8_t password[AUTH_PASSWORD_MAX + 1];
     /* what the verdict (or, with the client gone, the log) needs afterwards */
     char queue_id[MAILDIR_QUEUE_ID_LEN + 1];
+    char sid[HOST_LOG_SID_LEN + 1];
     uint64_t size;
     unsigned flags, replies;
     int authz_ok;
@@ -101,7 +102,7 @@ static void job_release(struct job *j)
     struct session_job *sj = (struct session_job *)j;
 
     if (sj->kind == JOB_COMMIT)
-        host_log("message id=%s size=%llu status=%s client=gone", sj->queue_id,
+        host_log("message sid=%s id=%s size=%llu status=%s client=gone", sj->sid, sj->queue_id,
                  (unsigned long long)sj->size,
                  sj->ok ? "queued-unacknowledged" : sj->err == ECANCELED ? "dropped" : "io-error");
     free(sj);
@@ -139,6 +140,7 @@ void session_init(struct session *ss, const struct host_ctx *ctx, struct job_poo
     memset(ss, 0, sizeof *ss);
     ss->ctx = ctx;
     ss->pool = pool;
+    host_log_session_id(ss->sid);
     net_ip_text(peer, ss->peer_ip, &ss->peer_port, &ss->peer_v6);
     ss->peer_unix = peer->sa_family == AF_UNIX;
     if (peer->sa_family != AF_INET && peer->sa_family != AF_INET6 && !ss->peer_unix)
@@ -229,6 +231,9 @@ void session_free(struct session *ss)
     free(ss->rcpts_buf);
     ss->rcpts_buf = NULL;
     ss->rcpts_len = ss->rcpts_cap = 0;
+    free(ss->log_rcpts);
+    free(ss->log_ids);
+    ss->log_rcpts = ss->log_ids = NULL;
     clear_str(&ss->peer_name);
     clear_str(&ss->helo);
     clear_str(&ss->mail);
@@ -251,6 +256,8 @@ static void end_transaction(struct session *ss)
     ss->nrcpt = 0;
     clear_str(&ss->rcpt);
     ss->rcpts_len = 0;
+    ss->log_rcpts_len = 0;
+    ss->log_rcpts_more = 0;
     free(ss->xf);
     ss->xf = NULL;
 }
@@ -424,15 +431,40 @@ static int write_trace(struct session *ss, time_t now)
     return maildir_msg_write(ss->msg, buf, (size_t)n);
 }
 
-static void log_message(const struct session *ss, uint64_t size, const char *status,
-                        unsigned flags)
+/* Adds item to one of the session's log lists (*list: heap of cap octets, allocated at the
+ * first item); an item that does not fit, or finds no memory, is counted in *more. */
+static void log_list_add(char **list, size_t cap, size_t *len, unsigned *more, const char *item)
 {
-    char from[3 * SESSION_NAME_MAX + 1];
+    if (*list == NULL && (*list = malloc(cap)) != NULL)
+        *len = 0;
+    if (*list == NULL || host_log_list_add(*list, cap, len, item, strlen(item)) < 0)
+        (*more)++;
+}
 
-    host_log("message id=%s from=<%s> nrcpt=%u size=%llu status=%s%s", ss->queue_id,
+/* An accepted forward-path, for the message line. */
+static void log_rcpt(struct session *ss, const char *mailbox)
+{
+    log_list_add(&ss->log_rcpts, SESSION_LOG_RCPTS_MAX, &ss->log_rcpts_len, &ss->log_rcpts_more,
+                 mailbox);
+}
+
+/* The message line: "message sid= id= peer= from=<> nrcpt= rcpts=a,b [rcpts_more=N] size=
+ * status=[ normalised]"; a queued message's id goes to the disconnect line's list. */
+static void log_message(struct session *ss, uint64_t size, const char *status, unsigned flags)
+{
+    char from[3 * SESSION_NAME_MAX + 1], more[32] = "";
+
+    if (ss->log_rcpts_more > 0)
+        snprintf(more, sizeof more, " rcpts_more=%u", ss->log_rcpts_more);
+    host_log("message sid=%s id=%s peer=%s from=<%s> nrcpt=%u rcpts=%s%s size=%llu status=%s%s",
+             ss->sid, ss->queue_id, ss->peer,
              host_log_token(from, sizeof from, str(ss->mail), strlen(str(ss->mail))), ss->nrcpt,
-             (unsigned long long)size, status,
-             (flags & SMTPE_DATA_NORMALISED) ? " normalised" : "");
+             ss->log_rcpts_len > 0 ? ss->log_rcpts : "-", more, (unsigned long long)size,
+             status, (flags & SMTPE_DATA_NORMALISED) ? " normalised" : "");
+    if (strcmp(status, "queued") != 0)
+        return;
+    log_list_add(&ss->log_ids, SESSION_LOG_IDS * (MAILDIR_QUEUE_ID_LEN + 1), &ss->log_ids_len,
+                 &ss->log_ids_more, ss->queue_id);
 }
 
 static int on_helo(struct session *ss, smtpe_server *s, const smtpe_event *ev)
@@ -527,9 +559,10 @@ static int on_rcpt(struct session *ss, smtpe_server *s, const smtpe_event *ev)
     if (ss->nrcpt == 0 && set_str(&ss->rcpt, tmp) < 0)
         return smtpe_server_reply(s, 452, "4.3.1", "Insufficient system storage");
     if (ss->ctx->cfg.lmtp && remember_rcpt(ss, tmp) < 0) {
-        host_log("error peer=%s rcpt: out of memory", ss->peer);
+        host_log("error sid=%s peer=%s rcpt: out of memory", ss->sid, ss->peer);
         return smtpe_server_reply(s, 452, "4.3.1", "Insufficient system storage");
     }
+    log_rcpt(ss, tmp);
     ss->nrcpt++;
     ss->rcpts++;
     return smtpe_server_accept(s);
@@ -549,7 +582,7 @@ static int begin_message(struct session *ss)
         return 0;
     ss->msg = maildir_msg_begin(&ss->ctx->maildir, ss->queue_id, now);
     if (ss->msg == NULL || write_trace(ss, now) < 0) {
-        host_log("error id=%s maildir: %s", ss->queue_id, strerror(errno));
+        host_log("error sid=%s id=%s maildir: %s", ss->sid, ss->queue_id, strerror(errno));
         session_abort(ss);
         ss->store_failed = 1;
         return -1;
@@ -588,7 +621,7 @@ static int on_chunk_end(struct session *ss, smtpe_server *s)
     if (!ss->store_failed)
         return smtpe_server_accept(s);
     if (ss->msg != NULL)
-        host_log("error id=%s maildir: write failed", ss->queue_id);
+        host_log("error sid=%s id=%s maildir: write failed", ss->sid, ss->queue_id);
     log_message(ss, 0, "io-error", 0);
     end_transaction(ss);
     return smtpe_server_reply(s, 451, "4.3.0", LOCAL_ERROR_TEXT);
@@ -650,7 +683,7 @@ static int finish_message(struct session *ss, smtpe_server *s, uint64_t size, un
 static int finish_commit(struct session *ss, smtpe_server *s, struct session_job *sj)
 {
     if (!sj->ok)
-        host_log("error id=%s maildir: %s", ss->queue_id, strerror(sj->err));
+        host_log("error sid=%s id=%s maildir: %s", ss->sid, ss->queue_id, strerror(sj->err));
     return finish_message(ss, s, sj->size, sj->flags, sj->replies, sj->ok);
 }
 
@@ -670,13 +703,14 @@ static int on_data_end(struct session *ss, smtpe_server *s, const smtpe_event *e
         return finish_message(ss, s, ev->data_end.size, ev->data_end.flags,
                               ev->data_end.replies, !ss->store_failed);
     if ((sj = job_get(ss)) == NULL) {
-        host_log("error id=%s maildir: out of memory", ss->queue_id);
+        host_log("error sid=%s id=%s maildir: out of memory", ss->sid, ss->queue_id);
         return finish_message(ss, s, ev->data_end.size, ev->data_end.flags,
                               ev->data_end.replies, 0);
     }
     sj->kind = JOB_COMMIT;
     sj->base.queue = JOB_QUEUE_STORE;
     memcpy(sj->queue_id, ss->queue_id, sizeof sj->queue_id);
+    memcpy(sj->sid, ss->sid, sizeof sj->sid);
     sj->msg = ss->msg;
     ss->msg = NULL;
     sj->size = ev->data_end.size;
@@ -707,13 +741,14 @@ static int finish_auth(struct session *ss, smtpe_server *s, struct session_job *
 
     host_log_token(user, sizeof user, sj->user, len);
     if (sj->ok < 0) { /* no memory for crypt(3): no answer either way, so not counted */
-        host_log("error peer=%s auth user=%s mechanism=%s: out of memory", ss->peer, user,
-                 sj->mechanism);
+        host_log("error sid=%s peer=%s auth user=%s mechanism=%s: out of memory", ss->sid,
+                 ss->peer, user, sj->mechanism);
         return smtpe_server_reply(s, 454, "4.7.0", "Temporary authentication failure");
     }
     if (!sj->ok || !sj->authz_ok) {
         ss->auth_failures++;
-        host_log("auth-failed peer=%s user=%s mechanism=%s", ss->peer, user, sj->mechanism);
+        host_log("auth-failed sid=%s peer=%s user=%s mechanism=%s", ss->sid, ss->peer, user,
+                 sj->mechanism);
         return smtpe_server_reply(s, 535, "5.7.8", "Authentication credentials invalid");
     }
     {
@@ -724,7 +759,8 @@ static int finish_auth(struct session *ss, smtpe_server *s, struct session_job *
             return smtpe_server_reply(s, 454, "4.7.0", "Temporary authentication failure");
         }
     }
-    host_log("auth peer=%s auth=%s mechanism=%s", ss->peer, user, sj->mechanism);
+    host_log("auth sid=%s peer=%s auth=%s mechanism=%s", ss->sid, ss->peer, user,
+             sj->mechanism);
     return smtpe_server_accept(s);
 }
 
@@ -825,12 +861,17 @@ static int on_proxy(struct session *ss, smtpe_server *s, const smtpe_event *ev)
          * check), UNKNOWN and unix sources count under the balancer's address */
         uint64_t key = inet ? census_key_raw(family, p->src_addr) : ss->socket_key;
         if (census_move(ss->seat.census, ss->seat.slot, ss->seat.key, key) != CENSUS_OK) {
-            host_log_reject(host_now_ms(), ss->peer, "too-many-connections-from-address");
+            host_log_reject(host_now_ms(), ss->sid, ss->peer,
+                            "too-many-connections-from-address");
             session_set_end(ss, "too-many-connections");
             return smtpe_server_reply(s, 421, "4.7.0", ss->ctx->address_busy_text);
         }
         ss->seat.key = key;
     }
+    if (inet)
+        host_log("proxy sid=%s peer=%s via=%s", ss->sid, ss->peer, ss->via);
+    else /* the balancer's own connection (LOCAL) or a source it does not name */
+        host_log("proxy sid=%s source=%s", ss->sid, p->local ? "local" : "unknown");
     if (inet && o->xclient_count > 0 &&
         (rc = smtpe_server_set_trusted(
              s, ss->proxy_vouched && net_cidr_match(o->xclient_from, o->xclient_count, family,
@@ -946,6 +987,30 @@ static int xclient_attr(struct xclient_values *x, const smtpe_param *a)
     return 0; /* DESTADDR, DESTPORT: the server's side, nothing to record */
 }
 
+/* The xclient line: "xclient sid= peer= via= [name=] [helo=] [login=]", the names as tokens. */
+static void log_xclient(const struct session *ss)
+{
+    char name[3 * HOST_NAME_MAX_LEN + 8], helo[3 * SESSION_NAME_MAX + 8];
+    char login[3 * AUTH_USER_MAX + 8];
+
+    name[0] = helo[0] = login[0] = '\0';
+    if (ss->peer_name != NULL) {
+        memcpy(name, " name=", 7);
+        host_log_token(name + 6, sizeof name - 6, ss->peer_name, strlen(ss->peer_name));
+    }
+    if (ss->helo != NULL) {
+        memcpy(helo, " helo=", 7);
+        host_log_token(helo + 6, sizeof helo - 6, ss->helo, strlen(ss->helo));
+    }
+    if (ss->xclient_login != NULL) {
+        memcpy(login, " login=", 8);
+        host_log_token(login + 7, sizeof login - 7, ss->xclient_login,
+                       strlen(ss->xclient_login));
+    }
+    host_log("xclient sid=%s peer=%s via=%s%s%s%s", ss->sid, ss->peer,
+             ss->via[0] ? ss->via : "-", name, helo, login);
+}
+
 /* XCLIENT: the attributes replace what this host knows of the client, and the engine restarts
  * the session (a new greeting; HELO and AUTH forgotten). */
 static int on_xclient(struct session *ss, smtpe_server *s, const smtpe_event *ev)
@@ -980,7 +1045,7 @@ static int on_xclient(struct session *ss, smtpe_server *s, const smtpe_event *ev
     if (x.has_proto)
         ss->esmtp = x.esmtp;
     set_peer_text(ss);
-    host_log("xclient peer=%s via=%s", ss->peer, ss->via[0] ? ss->via : "-");
+    log_xclient(ss);
     return smtpe_server_accept(s);
 }
 
@@ -1070,7 +1135,7 @@ int session_on_event(struct session *ss, smtpe_server *s, const smtpe_event *ev,
     case SMTPE_EV_PROXY:
         return on_proxy(ss, s, ev);
     case SMTPE_EV_PROXY_INVALID:
-        host_log("error peer=%s proxy header invalid", ss->peer);
+        host_log("error sid=%s peer=%s proxy header invalid", ss->sid, ss->peer);
         session_set_end(ss, "proxy-invalid");
         return 0;
     case SMTPE_EV_XCLIENT:

@@ -15,11 +15,14 @@
 #include "census.h"
 #include "host.h"
 #include "jobs.h"
+#include "log.h"
 #include "maildir.h"
 #include "net.h"
 #include "smtpe.h"
 
 #define SESSION_NAME_MAX 512 /* longest HELO argument or path kept (a command line is 512) */
+#define SESSION_LOG_RCPTS_MAX 1024 /* octets of the message line's rcpts= list */
+#define SESSION_LOG_IDS 8          /* queue ids named by the disconnect line's ids= */
 
 /* session_on_event: the verdict waits for a job (fsync and rename, or crypt(3)) that now runs
  * in the session's job pool; session_job_done gives it once the job is back. */
@@ -40,6 +43,7 @@ struct session_xforward {
 
 struct session {
     const struct host_ctx *ctx;
+    char sid[HOST_LOG_SID_LEN + 1];  /* the session id, on every log line of the session */
     /* Where the blocking steps run: a pool of the loop's (the verdict then waits), or NULL to
      * run them on the caller's thread (the threads model, where blocking is the point). */
     struct job_pool *pool;
@@ -83,6 +87,14 @@ struct session {
     struct session_xforward *xf;     /* XFORWARD of this transaction; NULL if none */
     unsigned mails, rcpts, datas, delivered; /* whole-session counters for the log */
     const char *end;                 /* why the session ended; NULL until known */
+    /* The log's lists (host_log_list_add), heap, allocated at their first entry and kept for
+     * the session: the accepted forward-paths of the transaction for its message line (at
+     * most SESSION_LOG_RCPTS_MAX octets, rcpts_more the ones left out), and the queue ids of
+     * the session's accepted messages for the disconnect line (SESSION_LOG_IDS at most,
+     * ids_more the others). */
+    char *log_rcpts, *log_ids;
+    size_t log_rcpts_len, log_ids_len;
+    unsigned log_rcpts_more, log_ids_more;
     /* Its place in the census (--max-clients, --max-clients-per-ip), set by conn_new and left
      * by session_free; a PROXY header moves it to the real client's address. */
     struct census_seat seat;

@@ -525,11 +525,11 @@ bench_row() {
     [ ${#pa[@]} -gt 1 ] && note="${note:+$note; }${#pa[@]} server processes"
     stop_server
     [ -n "$STOP_NOTE" ] && note="${note:+$note; }$STOP_NOTE"
-    if [ "$kind" != peer ]; then # smtpe-server logs "smtpe[PID]: error ..." lines
-        local nerr first
-        nerr=$(grep -c '^smtpe\[[0-9]*\]: error ' "$SRV_LOG" 2>/dev/null)
+    if [ "$kind" != peer ]; then # smtpe-server logs "[TIME ]smtpe[PID]: error ..." lines
+        local nerr first re='^([0-9T:.Z-]+ )?smtpe\[[0-9]+\]: error '
+        nerr=$(grep -Ec "$re" "$SRV_LOG" 2>/dev/null)
         if [ "${nerr:-0}" -gt 0 ]; then
-            first=$(grep -m 1 '^smtpe\[[0-9]*\]: error ' "$SRV_LOG" | sed 's/^smtpe\[[0-9]*\]: error //' | cut -c 1-120)
+            first=$(grep -E -m 1 "$re" "$SRV_LOG" | sed -E "s/$re//" | cut -c 1-120)
             note="${note:+$note; }server logged $nerr errors; first: $first"
         fi
     fi

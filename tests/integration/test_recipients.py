@@ -102,7 +102,7 @@ class ModelTests:
         st = self.stored_by_qid(srv, qid)
         self.assertEqual(st.content, b"Subject: known\r\n\r\nto the known ones\r\n")
         c.cmd("QUIT", 221)
-        line = srv.wait_log(lambda l: "message id=%s " % qid in l)
+        line = srv.wait_log(lambda l: ts.is_message(l, qid))
         self.assertIn(" nrcpt=7 ", line)  # the 250s only
         # smtplib: one known, one unknown; the message is stored for the known one only
         msg = b"Subject: smtplib\r\n\r\nhello alice\r\n"

@@ -57,6 +57,14 @@ SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime e
                    "SUMMARY: UndefinedBehaviorSanitizer", "WARNING: ThreadSanitizer")
 
 
+def is_message(l, qid=None):
+    """Whether the text log line l is a message line (of the message qid, when given):
+    "TIME smtpe[PID]: message sid=SID id=QID peer=... from=<...> ...".
+    """
+    m = re.search(r" message sid=[0-9a-f]{12} id=(\S+) ", l)
+    return bool(m) and (qid is None or m.group(1) == qid)
+
+
 def bound(seconds):
     """A time bound tuned for a native server (seconds), scaled for a slow one (--slow)."""
     return seconds * SLOW
@@ -626,7 +634,7 @@ class Base(unittest.TestCase):
         return qid
 
     def message_log(self, srv, n=1):
-        lines = srv.wait_log_count(lambda l: "message id=" in l, n)
+        lines = srv.wait_log_count(lambda l: is_message(l), n)
         return lines
 
 
@@ -933,13 +941,13 @@ class TestConformance(Base):
         srv, qid = self._k01_delivered(
             "normalise", b"hi\r\n.\r\nMAIL FROM:<x@example.org>\r\nRCPT TO:<u@example.com>\r\n"
                          b"DATA\r\nforged\r\n")
-        line = srv.wait_log(lambda l: "message id=%s " % qid in l + " ")
+        line = srv.wait_log(lambda l: is_message(l, qid))
         self.assertIsNotNone(line, "no 'message id=%s' log line:\n%s" % (qid, srv.log_text()))
         self.assertIn("normalised", line)
 
     def test_k01_smuggling_keep(self):
         srv, qid = self._k01_delivered("keep", K01_PAYLOAD[:-3])
-        line = srv.wait_log(lambda l: "message id=%s " % qid in l + " ")
+        line = srv.wait_log(lambda l: is_message(l, qid))
         self.assertIsNotNone(line, "no 'message id=%s' log line:\n%s" % (qid, srv.log_text()))
         self.assertNotIn("normalised", line)
 
@@ -1030,14 +1038,14 @@ class TestConformance(Base):
             qid = queue_id(c.reply().text)
             st = self.stored_by_qid(srv, qid)
             self.assert_content(st.content, want)
-            line = srv.wait_log(lambda l: "message id=%s " % qid in l + " ")
+            line = srv.wait_log(lambda l: is_message(l, qid))
             self.assertIsNotNone(line, "no 'message id=%s' log line:\n%s" % (qid, srv.log_text()))
             self.assertIn("normalised", line)
             c.cmd("QUIT", "221 2.0.0 Bye")
         # a clean message is not reported as normalised
         c = self.open_data(srv)
         qid = self.finish_data(c, b"clean\r\n")
-        line = srv.wait_log(lambda l: "message id=%s " % qid in l + " ")
+        line = srv.wait_log(lambda l: is_message(l, qid))
         self.assertIsNotNone(line)
         self.assertNotIn("normalised", line)
 
@@ -1582,11 +1590,11 @@ class TestServer(Base):
         q1 = self.sendmail(srv, "a@example.org", ["u@example.com"], b"one\r\n")
         q2 = self.sendmail(srv, "a@example.org", ["u@example.com"], b"two\r\n")
         for q in (q1, q2):
-            line = srv.wait_log(lambda l: "message id=%s " % q in l + " ")
+            line = srv.wait_log(lambda l: is_message(l, q))
             self.assertIsNotNone(line, "no 'message id=%s' line:\n%s" % (q, srv.log_text()))
             self.assertRegex(line, r"status=\S+")
         # no third line: counted once nothing more can be written
-        self.assertEqual(len([l for l in srv.final_log() if "message id=" in l]), 2,
+        self.assertEqual(len([l for l in srv.final_log() if is_message(l)]), 2,
                          srv.log_text())
 
     def test_refused_message_logged_once(self):
@@ -1598,9 +1606,9 @@ class TestServer(Base):
         c.expect_eof()
         # the line may come after the 550 the client saw; a second one is ruled out only once
         # nothing more can be written
-        self.assertTrue(srv.wait_log_count(lambda l: "message id=" in l, 1),
+        self.assertTrue(srv.wait_log_count(lambda l: is_message(l), 1),
                         "want one message line:\n%s" % srv.log_text())
-        lines = [l for l in srv.final_log() if "message id=" in l]
+        lines = [l for l in srv.final_log() if is_message(l)]
         self.assertEqual(len(lines), 1, "want one message line:\n%s" % srv.log_text())
         self.assertNotIn("normalised", lines[0])
 
