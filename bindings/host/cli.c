@@ -20,6 +20,8 @@ enum {
     OPT_LISTEN = 256,
     OPT_MAILDIR,
     OPT_SINK,
+    OPT_MAILDIR_CRLF,
+    OPT_NO_DELIVERED_TO,
     OPT_HOSTNAME,
     OPT_MAX_MESSAGE_SIZE,
     OPT_MAX_RECIPIENTS,
@@ -58,6 +60,8 @@ static const struct option long_options[] = {
     {"listen", required_argument, NULL, OPT_LISTEN},
     {"maildir", required_argument, NULL, OPT_MAILDIR},
     {"sink", no_argument, NULL, OPT_SINK},
+    {"maildir-crlf", no_argument, NULL, OPT_MAILDIR_CRLF},
+    {"no-delivered-to", no_argument, NULL, OPT_NO_DELIVERED_TO},
     {"hostname", required_argument, NULL, OPT_HOSTNAME},
     {"max-message-size", required_argument, NULL, OPT_MAX_MESSAGE_SIZE},
     {"max-recipients", required_argument, NULL, OPT_MAX_RECIPIENTS},
@@ -103,7 +107,19 @@ void cli_usage(FILE *f)
           "                             unix:/PATH for a unix socket (mode 0666; a stale\n"
           "                             socket file is replaced)\n"
           "  --maildir DIR              Maildir to deliver to, created with tmp/ new/ cur/\n"
-          "                             (default " DEFAULT_MAILDIR ")\n"
+          "                             (default " DEFAULT_MAILDIR "); or a template with\n"
+          "                             {domain} and {local}, e.g. /var/mail/{domain}/{local}:\n"
+          "                             one Maildir per mailbox (values lower-cased, '/' '%'\n"
+          "                             ':' controls and a leading '.' as %XX; <postmaster>\n"
+          "                             in the --hostname domain), each distinct mailbox its\n"
+          "                             own copy starting with Delivered-To:, made at its\n"
+          "                             first delivery; a recipient with no such path gets\n"
+          "                             553 5.1.3\n"
+          "  --maildir-crlf             store CRLF line ends as on the wire (default: LF, the\n"
+          "                             Maildir convention; BODY=BINARYMIME is always stored\n"
+          "                             octet for octet)\n"
+          "  --no-delivered-to          no Delivered-To: line; with a template the copies are\n"
+          "                             hard links of one file\n"
           "  --sink                     discard message content, still answer 250 with a queue id\n"
           "  --hostname NAME            name in the greeting and Received: (default: gethostname)\n"
           "  --max-message-size BYTES   largest message, 0 for no limit (default 10485760)\n"
@@ -289,6 +305,8 @@ static int apply(struct host_options *o, int opt, const char *arg)
         o->maildir = arg;
         return CLI_RUN;
     case OPT_SINK: o->sink = 1; return CLI_RUN;
+    case OPT_MAILDIR_CRLF: o->maildir_crlf = 1; return CLI_RUN;
+    case OPT_NO_DELIVERED_TO: o->no_delivered_to = 1; return CLI_RUN;
     case OPT_HOSTNAME:
         if (!valid_hostname(arg))
             return usage_error("bad --hostname (1-255 printable characters, no space)", arg);
@@ -448,5 +466,6 @@ int cli_parse(int argc, char **argv, struct host_options *o)
         return usage_error("unexpected argument", argv[optind]);
     if (net_parse_listen(o->listen, &o->listen_addr, &o->listen_addr_len, err, sizeof err) < 0)
         return usage_error(err, NULL);
+    o->maildir_template = maildir_is_template(o->maildir);
     return check_combinations(o);
 }
