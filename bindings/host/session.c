@@ -551,7 +551,7 @@ static size_t unquote_local(uint8_t *out, const smtpe_path *p)
 }
 
 /* Adds a mailbox to the transaction's list unless one of the same path is there. Takes path
- * and address (heap) in every case. Returns its index, or -1 without memory. */
+ * and address (heap) in every case. Returns its index, or -2 without memory. */
 static long add_box(struct session *ss, char *path, char *address)
 {
     for (size_t i = 0; i < ss->nbox; i++)
@@ -567,7 +567,7 @@ static long add_box(struct session *ss, char *path, char *address)
         if (b == NULL) {
             free(path);
             free(address);
-            return -1;
+            return -2;
         }
         ss->boxes = b;
         ss->box_cap = cap;
