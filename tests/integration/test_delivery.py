@@ -7,7 +7,9 @@ stored. What is checked, octet for octet:
   - each distinct mailbox gets one file in its own new/, starting with its own
     "Delivered-To: local@domain" line; after that line every copy is the same; recipients that
     map to one mailbox share its copy; copies are separate files (distinct inodes), and with
-    --no-delivered-to hard links of one file (one inode, no Delivered-To);
+    --no-delivered-to hard links of one file (one inode, no Delivered-To); a mailbox on
+    another file system (/dev/shm) still gets a whole copy (link(2) and copy_file_range(2)
+    refused with EXDEV: the fallback copy);
   - line ends: LF by default (the content as sent with every CRLF made LF, no CR left; the
     trace headers and Delivered-To in LF too); --maildir-crlf keeps the wire form; BODY=
     BINARYMIME content is stored as it came, with CRLF trace headers;
@@ -147,6 +149,38 @@ class TestTemplate(Base):
         st = [os.stat(p) for p in paths]
         self.assertEqual(len({s.st_ino for s in st}), 1, "not hard links of one file")
         self.assertEqual(st[0].st_nlink, 3)
+
+    def test_copies_across_file_systems(self):
+        # two.test on another file system (/dev/shm, tmpfs): link(2) fails with EXDEV and
+        # copy_file_range(2) may too; either way each copy must be whole
+        other = self.other_fs_dir()
+        for extra in ((), ("--no-delivered-to",)):
+            srv = self.start_tmpl(*extra)
+            os.makedirs(srv.mail)
+            target = os.path.join(other, "two.test-%d" % len(extra))
+            os.mkdir(target)
+            os.symlink(target, os.path.join(srv.mail, "two.test"))
+            rcpts = ["alice@one.test", "carol@two.test"]
+            qid = self.sendmail(srv, "a@example.org", rcpts, MSG)
+            want = lf(ts.smtplib_expected(MSG))
+            for dom, loc in (("one.test", "alice"), ("two.test", "carol")):
+                _, data = self.read_copy(srv, dom, loc, qid)
+                if extra:
+                    self.assertFalse(data.startswith(b"Delivered-To"))
+                    rest = data
+                else:
+                    addr, rest = self.split_delivered_to(data, b"\n")
+                    self.assertEqual(addr, ("%s@%s" % (loc, dom)).encode())
+                self.assert_content(self.check_trace(rest, b"\n", b"a@example.org"), want)
+
+    def other_fs_dir(self):
+        shm = "/dev/shm"
+        self.assertTrue(os.path.isdir(shm), "no /dev/shm")
+        self.assertNotEqual(os.stat(shm).st_dev, os.stat(os.path.dirname(
+            ts.tempfile.gettempdir() + "/")).st_dev, "/dev/shm on the same file system")
+        d = ts.tempfile.mkdtemp(prefix="smtpe-dlv-", dir=shm)
+        self.addCleanup(shutil.rmtree, d, True)
+        return d
 
     def test_maildir_crlf_keeps_the_wire_form(self):
         srv = self.start_tmpl("--maildir-crlf")
