@@ -79,7 +79,6 @@ struct maildir_box {
     const struct maildir *md; /* an open Maildir, or NULL: path is opened at delivery */
     char *path;               /* heap, NUL-terminated; NULL with md */
     char *address;            /* heap addr-spec for the Delivered-To line (RFC 9228); NULL: none */
-    size_t address_len;
     int error;                /* after maildir_msg_commit: 0 (durable in new/) or an errno */
     /* internal: the directories while delivering (md's, or opened from path) */
     int tmp_fd, new_fd, own_fds, made; /* made: 1 in tmp/, 2 in new/ */

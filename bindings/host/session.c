@@ -576,7 +576,6 @@ static long add_box(struct session *ss, char *path, char *address)
     ss->boxes[ss->nbox].md = path == NULL ? &ss->ctx->maildir : NULL;
     ss->boxes[ss->nbox].path = path;
     ss->boxes[ss->nbox].address = address;
-    ss->boxes[ss->nbox].address_len = address ? strlen(address) : 0;
     ss->boxes[ss->nbox].tmp_fd = ss->boxes[ss->nbox].new_fd = -1;
     return (long)ss->nbox++;
 }
