@@ -11,7 +11,10 @@
  * file; STARTTLS when a certificate is configured; PROXY, XCLIENT and XFORWARD always (the
  * engine only lets trusted peers and configured sessions reach them). The file holds
  * Return-Path, a Received header (RFC 5321 §4.4, protocol names of RFC 3848) and the content
- * exactly as the engine gave it.
+ * as the engine gave it, with LF line ends unless --maildir-crlf or BODY=BINARYMIME. With a
+ * --maildir template each recipient's mailbox is decided at RCPT (refused if no path can be
+ * made), recipients of one mailbox share its copy, and each copy starts with its own
+ * Delivered-To line (RFC 9228) unless --no-delivered-to.
  */
 #include "session.h"
 
