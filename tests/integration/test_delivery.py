@@ -345,6 +345,21 @@ class TestFailures(Base):
         srv.wait_log_count(lambda l: "status=io-error" in l, 2)
 
 
+class TestDocumented(Base):
+    def test_new_switches_in_help_and_readme(self):
+        p = ts.run_server(["--help"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.assertEqual(p.returncode, 0)
+        help_text = p.stdout.decode("utf-8", "replace")
+        readme_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                   "README.md")
+        with open(readme_path, encoding="utf-8") as f:
+            readme = f.read()
+        section = readme[readme.index("## smtpe-server"):]
+        for word in ("--maildir-crlf", "--no-delivered-to", "{domain}", "{local}"):
+            self.assertIn(word, help_text)
+            self.assertIn(word, section)
+
+
 class PostfixRelay(peers.Postfix):
     """peers.py's Postfix with relay.test relayed to smtpe-server on 127.0.0.1:PORT."""
 
