@@ -21,7 +21,7 @@ PACKAGES=(build-essential cmake pkg-config clang libclang-rt-14-dev libcmocka-de
     libssl-dev libcrypt-dev openssl haproxy libnet-ssleay-perl gnuplot-nox valgrind abigail-tools
     libuv1-dev libevent-dev postfix dovecot-core dovecot-lmtpd python3-aiosmtpd golang-go
     golang-github-emersion-go-smtp-dev golang-github-emersion-go-sasl-dev ruby ruby-dev
-    ruby-async ruby-minitest "$@")
+    ruby-async ruby-minitest s-nail "$@")
 command -v npm >/dev/null 2>&1 || PACKAGES+=(nodejs npm)
 
 # node_peer_modules: npm ci in tests/integration/peers/node unless its node_modules is as new as

@@ -21,6 +21,8 @@ enum {
     OPT_LISTEN = 256,
     OPT_MAILDIR,
     OPT_SINK,
+    OPT_MAILDIR_CRLF,
+    OPT_NO_DELIVERED_TO,
     OPT_HOSTNAME,
     OPT_MAX_MESSAGE_SIZE,
     OPT_MAX_RECIPIENTS,
@@ -63,6 +65,8 @@ static const struct option long_options[] = {
     {"listen", required_argument, NULL, OPT_LISTEN},
     {"maildir", required_argument, NULL, OPT_MAILDIR},
     {"sink", no_argument, NULL, OPT_SINK},
+    {"maildir-crlf", no_argument, NULL, OPT_MAILDIR_CRLF},
+    {"no-delivered-to", no_argument, NULL, OPT_NO_DELIVERED_TO},
     {"hostname", required_argument, NULL, OPT_HOSTNAME},
     {"max-message-size", required_argument, NULL, OPT_MAX_MESSAGE_SIZE},
     {"max-recipients", required_argument, NULL, OPT_MAX_RECIPIENTS},
@@ -112,7 +116,19 @@ void cli_usage(FILE *f)
           "                             unix:/PATH for a unix socket (mode 0666; a stale\n"
           "                             socket file is replaced)\n"
           "  --maildir DIR              Maildir to deliver to, created with tmp/ new/ cur/\n"
-          "                             (default " DEFAULT_MAILDIR ")\n"
+          "                             (default " DEFAULT_MAILDIR "); or a template\n"
+          "                             with {domain} and {local}, as in\n"
+          "                             /var/mail/{domain}/{local}: one Maildir per mailbox\n"
+          "                             (values lower-cased; '/' '%' ':', controls and a\n"
+          "                             leading '.' as %XX; <postmaster> in the --hostname\n"
+          "                             domain), each its own copy, starting with\n"
+          "                             Delivered-To:, the Maildir made at its first\n"
+          "                             delivery; a recipient with no such path: 553 5.1.3\n"
+          "  --maildir-crlf             store CRLF line ends as on the wire (default: LF, the\n"
+          "                             Maildir convention; BODY=BINARYMIME is always stored\n"
+          "                             octet for octet)\n"
+          "  --no-delivered-to          no Delivered-To: line; with a template the copies are\n"
+          "                             hard links of one file\n"
           "  --sink                     discard message content, still answer 250 with a queue id\n"
           "  --hostname NAME            name in the greeting and Received: (default: gethostname)\n"
           "  --max-message-size BYTES   largest message, 0 for no limit (default 10485760)\n"
@@ -324,6 +340,8 @@ static int apply(struct host_options *o, int opt, const char *arg)
         o->maildir = arg;
         return CLI_RUN;
     case OPT_SINK: o->sink = 1; return CLI_RUN;
+    case OPT_MAILDIR_CRLF: o->maildir_crlf = 1; return CLI_RUN;
+    case OPT_NO_DELIVERED_TO: o->no_delivered_to = 1; return CLI_RUN;
     case OPT_HOSTNAME:
         if (!valid_hostname(arg))
             return usage_error("bad --hostname (1-255 printable characters, no space)", arg);
@@ -498,5 +516,6 @@ int cli_parse(int argc, char **argv, struct host_options *o)
         return usage_error("unexpected argument", argv[optind]);
     if (net_parse_listen(o->listen, &o->listen_addr, &o->listen_addr_len, err, sizeof err) < 0)
         return usage_error(err, NULL);
+    o->maildir_template = maildir_is_template(o->maildir);
     return check_combinations(o);
 }

@@ -27,7 +27,10 @@ struct host_options {
     const char *listen;        /* ADDR:PORT, [ADDR6]:PORT or unix:/path as given */
     struct sockaddr_storage listen_addr;
     socklen_t listen_addr_len;
-    const char *maildir;       /* Maildir root */
+    const char *maildir;       /* Maildir root, or a template with {domain} and {local} */
+    int maildir_template;      /* maildir holds {domain} or {local}: one Maildir per mailbox */
+    int maildir_crlf;          /* store the wire's CRLF line ends (default: LF) */
+    int no_delivered_to;       /* no Delivered-To line; template copies are hard links */
     int sink;                  /* discard content, still answer 250 */
     char hostname[HOST_NAME_MAX_LEN + 1];
     uint64_t max_message_size; /* octets; 0 = no limit */
@@ -71,7 +74,7 @@ struct host_ctx {
     struct host_options opt;
     smtpe_server_config cfg;   /* engine config; cfg.hostname points into opt.hostname */
     size_t session_mem;        /* smtpe_server_memory_size(&cfg) */
-    struct maildir maildir;    /* unused with --sink */
+    struct maildir maildir;    /* unused with --sink; with a template only host_part is set */
     struct tls_server *tls;    /* STARTTLS context; NULL without --tls-cert */
     struct auth_db *auth;      /* AUTH users; NULL without --auth-users */
     /* The known recipients; NULL without --recipients. The one thing of the context that

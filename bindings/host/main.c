@@ -218,7 +218,10 @@ int main(int argc, char **argv)
         return 1;
     }
     ctx.maildir.root_fd = ctx.maildir.tmp_fd = ctx.maildir.new_fd = -1;
-    if (!ctx.opt.sink &&
+    /* a template's mailboxes are made at their first delivery; only the file names' host
+     * part is needed now */
+    maildir_host_part(ctx.maildir.host_part, sizeof ctx.maildir.host_part, ctx.opt.hostname);
+    if (!ctx.opt.sink && !ctx.opt.maildir_template &&
         maildir_open(&ctx.maildir, ctx.opt.maildir, ctx.opt.hostname, err, sizeof err) < 0) {
         fprintf(stderr, "smtpe-server: %s\n", err);
         auth_db_free(ctx.auth);
@@ -230,7 +233,7 @@ int main(int argc, char **argv)
     log_start(&ctx, model);
     if (ctx.recipients != NULL)
         log_recipients(&ctx, "loaded");
-    if (!ctx.opt.sink) {
+    if (!ctx.opt.sink && !ctx.opt.maildir_template) {
         long n = maildir_sweep_tmp(&ctx.maildir, time(NULL), MAILDIR_TMP_MAX_AGE);
         if (n > 0)
             host_log("maildir tmp/: removed %ld files older than 36 hours (deliveries cut "

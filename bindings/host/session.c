@@ -13,12 +13,16 @@
  * file; STARTTLS when a certificate is configured; PROXY, XCLIENT and XFORWARD always (the
  * engine only lets trusted peers and configured sessions reach them). The file holds
  * Return-Path, a Received header (RFC 5321 §4.4, protocol names of RFC 3848) and the content
- * exactly as the engine gave it.
+ * as the engine gave it, with LF line ends unless --maildir-crlf or BODY=BINARYMIME. With a
+ * --maildir template each recipient's mailbox is decided at RCPT (refused if no path can be
+ * made), recipients of one mailbox share its copy, and each copy starts with its own
+ * Delivered-To line (RFC 9228) unless --no-delivered-to.
  */
 #include "session.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,9 +53,14 @@ static void set_peer_text(struct session *ss)
 struct session_job {
     struct job base; /* first: an orphaned job is freed as the block it is */
     enum { JOB_COMMIT, JOB_AUTH } kind;
-    int ok;          /* the result */
+    int ok;          /* the result (JOB_COMMIT: every mailbox stored) */
     int err;         /* JOB_COMMIT: errno of a failed commit */
     struct maildir_msg *msg; /* JOB_COMMIT: committed (or removed) and freed by the run */
+    /* JOB_COMMIT: the session's mailboxes and recipient map, lent for the commit (msg points
+     * into boxes) and given back by session_job_done; freed by job_release */
+    struct maildir_box *boxes;
+    size_t nbox;
+    unsigned *rcpt_box;
     const struct auth_db *db; /* JOB_AUTH: the check, on copies wiped by the run */
     size_t user_len, password_len;
     uint8_t user[AUTH_USER_MAX + 1];
@@ -101,6 +110,11 @@ static void job_release(struct job *j)
 {
     struct session_job *sj = (struct session_job *)j;
 
+    if (sj->kind == JOB_COMMIT) {
+        maildir_boxes_clear(sj->boxes, sj->nbox);
+        free(sj->boxes);
+        free(sj->rcpt_box);
+    }
     if (sj->kind == JOB_COMMIT)
         host_log("message sid=%s id=%s size=%llu status=%s client=gone", sj->sid, sj->queue_id,
                  (unsigned long long)sj->size,
@@ -117,6 +131,9 @@ static struct session_job *job_get(struct session *ss)
     ss->job->base.run = job_run;
     ss->job->base.cancel = job_cancelled;
     ss->job->base.release = job_release;
+    ss->job->boxes = NULL;
+    ss->job->nbox = 0;
+    ss->job->rcpt_box = NULL;
     return ss->job;
 }
 
@@ -228,6 +245,13 @@ void session_free(struct session *ss)
     ss->job = NULL;
     ss->job_pending = 0;
     session_abort(ss);
+    maildir_boxes_clear(ss->boxes, ss->nbox);
+    free(ss->boxes);
+    ss->boxes = NULL;
+    ss->nbox = ss->box_cap = 0;
+    free(ss->rcpt_box);
+    ss->rcpt_box = NULL;
+    ss->rcpt_box_cap = 0;
     free(ss->rcpts_buf);
     ss->rcpts_buf = NULL;
     ss->rcpts_len = ss->rcpts_cap = 0;
@@ -251,7 +275,9 @@ void session_free(struct session *ss)
  * XFORWARD attributes and any unfinished message. */
 static void end_transaction(struct session *ss)
 {
-    session_abort(ss);
+    session_abort(ss); /* before the mailboxes: the message points into them */
+    maildir_boxes_clear(ss->boxes, ss->nbox);
+    ss->nbox = 0;
     ss->store_failed = 0;
     ss->nrcpt = 0;
     clear_str(&ss->rcpt);
@@ -493,6 +519,7 @@ static int on_mail(struct session *ss, smtpe_server *s, const smtpe_event *ev)
     end_transaction(ss);
     ss->xf = xf;
     ss->smtputf8 = ev->mail.smtputf8;
+    ss->binarymime = ev->mail.body == SMTPE_BODY_BINARYMIME;
     ss->mails++;
     return smtpe_server_accept(s);
 }
@@ -543,10 +570,129 @@ static int refuse_unknown(smtpe_server *s, const smtpe_path *p)
     return smtpe_server_reply(s, 550, "5.1.1", text);
 }
 
+/* ASCII letters lower-cased, control octets as '?', into dst at *len (cap octets, NUL kept
+ * after). Returns -1 if it does not fit. */
+static int append_lower(char *dst, size_t cap, size_t *len, const uint8_t *p, size_t n)
+{
+    if (*len + n >= cap)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        uint8_t c = p[i];
+        dst[(*len)++] = (char)(c < 0x20 || c == 0x7f ? '?'
+                               : c >= 'A' && c <= 'Z' ? c - 'A' + 'a'
+                                                      : c);
+    }
+    dst[*len] = '\0';
+    return 0;
+}
+
+/* The local-part without its quoting: a quoted-string's quotes and the backslashes of its
+ * quoted-pairs dropped (RFC 5321 §4.1.2), so that "joe"@d and joe@d are one mailbox. Into out
+ * (at least n octets). Returns the length. */
+static size_t unquote_local(uint8_t *out, const smtpe_path *p)
+{
+    const uint8_t *s = p->local_part.ptr;
+    size_t n = p->local_part.len, o = 0;
+
+    if (!(p->flags & SMTPE_PATH_QUOTED) || n < 2 || s[0] != '"' || s[n - 1] != '"') {
+        if (n > 0)
+            memcpy(out, s, n);
+        return n;
+    }
+    for (size_t i = 1; i + 1 < n; i++) {
+        if (s[i] == '\\' && i + 2 < n)
+            i++;
+        out[o++] = s[i];
+    }
+    return o;
+}
+
+/* Adds a mailbox to the transaction's list unless one of the same path is there. Takes path
+ * and address (heap) in every case. Returns its index, or -2 without memory. */
+static long add_box(struct session *ss, char *path, char *address)
+{
+    for (size_t i = 0; i < ss->nbox; i++)
+        if ((path == NULL && ss->boxes[i].path == NULL) ||
+            (path != NULL && ss->boxes[i].path != NULL && strcmp(path, ss->boxes[i].path) == 0)) {
+            free(path);
+            free(address);
+            return (long)i;
+        }
+    if (ss->nbox == ss->box_cap) {
+        size_t cap = ss->box_cap ? 2 * ss->box_cap : 4;
+        struct maildir_box *b = realloc(ss->boxes, cap * sizeof *b);
+        if (b == NULL) {
+            free(path);
+            free(address);
+            return -2;
+        }
+        ss->boxes = b;
+        ss->box_cap = cap;
+    }
+    memset(&ss->boxes[ss->nbox], 0, sizeof ss->boxes[0]);
+    ss->boxes[ss->nbox].md = path == NULL ? &ss->ctx->maildir : NULL;
+    ss->boxes[ss->nbox].path = path;
+    ss->boxes[ss->nbox].address = address;
+    ss->boxes[ss->nbox].tmp_fd = ss->boxes[ss->nbox].new_fd = -1;
+    return (long)ss->nbox++;
+}
+
+/* The mailbox of a recipient: the --maildir template's path for its local-part and domain
+ * (<postmaster>: the --hostname), and the Delivered-To address (local-part as sent and domain,
+ * lower-cased); without a template the one Maildir. Returns its index in the list, -1 if no
+ * path can be made for it (refused: nothing is accepted that cannot be stored), -2 without
+ * memory. */
+static long rcpt_mailbox(struct session *ss, const smtpe_path *p)
+{
+    const struct host_options *o = &ss->ctx->opt;
+    int pm = (p->flags & SMTPE_PATH_POSTMASTER) && p->domain.len == 0;
+    const uint8_t *dom = pm ? (const uint8_t *)o->hostname : p->domain.ptr;
+    size_t dom_len = pm ? strlen(o->hostname) : p->domain.len, local_len, alen = 0;
+    uint8_t local[SESSION_NAME_MAX];
+    char path[PATH_MAX], addr[MAILDIR_ADDRESS_MAX];
+    char *hp, *ha = NULL;
+
+    if (!o->maildir_template)
+        return add_box(ss, NULL, NULL);
+    if (p->local_part.len > sizeof local)
+        return -1;
+    local_len = unquote_local(local, p);
+    if (maildir_expand(path, sizeof path, o->maildir, local, local_len, dom, dom_len) < 0)
+        return -1;
+    if (!o->no_delivered_to &&
+        (append_lower(addr, sizeof addr, &alen, p->local_part.ptr, p->local_part.len) < 0 ||
+         append_lower(addr, sizeof addr, &alen, (const uint8_t *)"@", 1) < 0 ||
+         append_lower(addr, sizeof addr, &alen, dom, dom_len) < 0))
+        return -1;
+    if ((hp = strdup(path)) == NULL || (!o->no_delivered_to && (ha = strdup(addr)) == NULL)) {
+        free(hp);
+        return -2;
+    }
+    return add_box(ss, hp, ha);
+}
+
+/* Records that the next accepted recipient goes to mailbox index. Returns 0, or -1 without
+ * memory. */
+static int map_rcpt(struct session *ss, unsigned index)
+{
+    if (ss->nrcpt == ss->rcpt_box_cap) {
+        size_t cap = ss->rcpt_box_cap ? 2 * ss->rcpt_box_cap : 8;
+        unsigned *m = realloc(ss->rcpt_box, cap * sizeof *m);
+        if (m == NULL)
+            return -1;
+        ss->rcpt_box = m;
+        ss->rcpt_box_cap = cap;
+    }
+    ss->rcpt_box[ss->nrcpt] = index;
+    return 0;
+}
+
 static int on_rcpt(struct session *ss, smtpe_server *s, const smtpe_event *ev)
 {
     const smtpe_path *p = &ev->rcpt.forward_path;
     char tmp[SESSION_NAME_MAX + 1];
+    size_t nbox = ss->nbox;
+    long box = 0;
 
     if (!domain_accepted(&ss->ctx->opt, p))
         return smtpe_server_reply(s, 550, "5.7.1", "Relay access denied");
@@ -554,18 +700,41 @@ static int on_rcpt(struct session *ss, smtpe_server *s, const smtpe_event *ev)
         return refuse_unknown(s, p);
     if (copy_name(tmp, path_mailbox(p)) < 0)
         return smtpe_server_reply(s, 501, "5.1.3", "Path too long");
+    if (ss->msg != NULL) /* the content has begun (BDAT): no more mailboxes */
+        return smtpe_server_reply(s, 503, "5.5.1", "Bad sequence of commands");
+    if (!ss->ctx->opt.sink && (box = rcpt_mailbox(ss, p)) == -1)
+        return smtpe_server_reply(s, 553, "5.1.3", "Mailbox name not allowed");
     /* the list last: a recipient refused for lack of memory must not be in it (LMTP replies
-     * name them in order) */
-    if (ss->nrcpt == 0 && set_str(&ss->rcpt, tmp) < 0)
-        return smtpe_server_reply(s, 452, "4.3.1", "Insufficient system storage");
+     * name them in order), nor its mailbox */
+    if (box < 0 || map_rcpt(ss, (unsigned)box) < 0 ||
+        (ss->nrcpt == 0 && set_str(&ss->rcpt, tmp) < 0))
+        goto no_memory;
     if (ss->ctx->cfg.lmtp && remember_rcpt(ss, tmp) < 0) {
         host_log("error sid=%s peer=%s rcpt: out of memory", ss->sid, ss->peer);
-        return smtpe_server_reply(s, 452, "4.3.1", "Insufficient system storage");
+        goto no_memory;
     }
     log_rcpt(ss, tmp);
     ss->nrcpt++;
     ss->rcpts++;
     return smtpe_server_accept(s);
+no_memory:
+    if (ss->nbox > nbox) { /* a mailbox of this recipient only: forget it */
+        maildir_boxes_clear(&ss->boxes[nbox], ss->nbox - nbox);
+        ss->nbox = nbox;
+    }
+    return smtpe_server_reply(s, 452, "4.3.1", "Insufficient system storage");
+}
+
+/* How the message is stored: LF line ends unless --maildir-crlf or BODY=BINARYMIME (stored
+ * octet for octet); hard links with a template and --no-delivered-to; all or nothing under
+ * SMTP (one reply for all recipients). */
+static unsigned store_flags(const struct session *ss)
+{
+    const struct host_options *o = &ss->ctx->opt;
+
+    return (o->maildir_crlf || ss->binarymime ? 0 : MAILDIR_LF) |
+           (o->maildir_template && o->no_delivered_to ? MAILDIR_LINK : 0) |
+           (ss->ctx->cfg.lmtp ? 0 : MAILDIR_ALL);
 }
 
 /* Opens the Maildir file for a new message and writes the trace headers (DATA, or the first
@@ -580,7 +749,8 @@ static int begin_message(struct session *ss)
     ss->datas++;
     if (ss->ctx->opt.sink)
         return 0;
-    ss->msg = maildir_msg_begin(&ss->ctx->maildir, ss->queue_id, now);
+    ss->msg = maildir_msg_begin(ss->boxes, ss->nbox, ss->ctx->maildir.host_part, ss->queue_id,
+                                now, store_flags(ss));
     if (ss->msg == NULL || write_trace(ss, now) < 0) {
         host_log("error sid=%s id=%s maildir: %s", ss->sid, ss->queue_id, strerror(errno));
         session_abort(ss);
@@ -639,52 +809,101 @@ static const char *next_rcpt(const struct session *ss, size_t *pos)
     return r;
 }
 
-/* The verdicts for a stored (ok) or failed message: one, or under LMTP one per recipient
- * ("<mailbox> text", RFC 2033 §4.2). */
-static int data_verdicts(struct session *ss, smtpe_server *s, unsigned replies, int ok)
+/* The result of a message for recipient i: 0, or an errno. boxes is NULL when no commit ran
+ * (the message failed before it: err for all). */
+static int rcpt_result(const struct session_job *sj, unsigned i, int err)
+{
+    if (sj == NULL || sj->boxes == NULL || sj->rcpt_box == NULL || sj->rcpt_box[i] >= sj->nbox)
+        return err;
+    return sj->boxes[sj->rcpt_box[i]].error;
+}
+
+/* The reply to a recipient whose mailbox failed with e: 452 when storage ran out (RFC 3463
+ * 4.3.1, 4.2.2 for a quota), else 451 4.3.0. */
+static int fail_reply(smtpe_server *s, int e, const char *line)
+{
+    if (e == ENOSPC)
+        return smtpe_server_reply(s, 452, "4.3.1", line ? line : "Insufficient system storage");
+    if (e == EDQUOT)
+        return smtpe_server_reply(s, 452, "4.2.2", line ? line : "Mailbox full");
+    return smtpe_server_reply(s, 451, "4.3.0", line ? line : LOCAL_ERROR_TEXT);
+}
+
+/* The verdicts for a message: one (SMTP: ok means every mailbox stored, or --sink), or under
+ * LMTP one per recipient, each its own mailbox's result ("<mailbox> text", RFC 2033 §4.2). sj
+ * is the commit that ran, NULL if none; err the failure when none ran. */
+static int data_verdicts(struct session *ss, smtpe_server *s, unsigned replies, int ok,
+                         const struct session_job *sj, int err)
 {
     char text[64], line[LMTP_TEXT_MAILBOX_MAX + 128];
     size_t pos = 0;
     int rc = 0;
 
-    if (ok)
-        snprintf(text, sizeof text, "Ok: queued as %s", ss->queue_id);
+    snprintf(text, sizeof text, "Ok: queued as %s", ss->queue_id);
     if (!ss->ctx->cfg.lmtp || replies == 0)
         return ok ? smtpe_server_reply(s, 250, "2.0.0", text)
                   : smtpe_server_reply(s, 451, "4.3.0", LOCAL_ERROR_TEXT);
     for (unsigned i = 0; i < replies && rc == 0; i++) {
         const char *mbox = next_rcpt(ss, &pos);
-        const char *t = ok ? text : LOCAL_ERROR_TEXT;
+        int e = ok ? 0 : rcpt_result(sj, i, err ? err : EIO);
+        const char *t = e == 0 ? text
+                        : e == ENOSPC ? "Insufficient system storage"
+                        : e == EDQUOT ? "Mailbox full"
+                                      : LOCAL_ERROR_TEXT;
         if (mbox != NULL && strlen(mbox) <= LMTP_TEXT_MAILBOX_MAX)
             snprintf(line, sizeof line, "<%s> %s", mbox, t);
         else
             snprintf(line, sizeof line, "%s", t);
-        rc = ok ? smtpe_server_reply(s, 250, "2.0.0", line)
-                : smtpe_server_reply(s, 451, "4.3.0", line);
+        rc = e == 0 ? smtpe_server_reply(s, 250, "2.0.0", line) : fail_reply(s, e, line);
     }
     return rc;
 }
 
-/* The verdict on a message once its fate is known: ok (stored, or --sink) or not. */
+/* The verdict on a message once its fate is known: ok (stored everywhere, or --sink), some
+ * (LMTP: stored in some mailboxes), or not. */
 static int finish_message(struct session *ss, smtpe_server *s, uint64_t size, unsigned flags,
-                          unsigned replies, int ok)
+                          unsigned replies, int ok, int some, const struct session_job *sj,
+                          int err)
 {
     int rc;
 
-    if (ok)
+    if (ok || some)
         ss->delivered++;
-    log_message(ss, size, ok ? "queued" : "io-error", flags);
-    rc = data_verdicts(ss, s, replies, ok);
+    log_message(ss, size, ok ? "queued" : some ? "partly-queued" : "io-error", flags);
+    rc = data_verdicts(ss, s, replies, ok, sj, err);
     end_transaction(ss);
     return rc;
 }
 
-/* A commit is back: report a failure, then the verdict. */
+/* A commit is back: report each failed mailbox, the verdicts, then give the mailboxes back. */
 static int finish_commit(struct session *ss, smtpe_server *s, struct session_job *sj)
 {
-    if (!sj->ok)
+    int some = 0, rc;
+
+    for (size_t i = 0; i < sj->nbox; i++) {
+        const struct maildir_box *b = &sj->boxes[i];
+        char where[3 * 256 + 1];
+        if (b->error == 0) {
+            some = 1;
+            continue;
+        }
+        if (b->path != NULL)
+            host_log("error sid=%s id=%s maildir %s: %s", ss->sid, ss->queue_id,
+                     host_log_token(where, sizeof where, b->path, strlen(b->path)),
+                     strerror(b->error));
+        else
+            host_log("error sid=%s id=%s maildir: %s", ss->sid, ss->queue_id, strerror(b->error));
+    }
+    if (sj->nbox == 0 && !sj->ok)
         host_log("error sid=%s id=%s maildir: %s", ss->sid, ss->queue_id, strerror(sj->err));
-    return finish_message(ss, s, sj->size, sj->flags, sj->replies, sj->ok);
+    rc = finish_message(ss, s, sj->size, sj->flags, sj->replies, sj->ok, some, sj, sj->err);
+    maildir_boxes_clear(sj->boxes, sj->nbox);
+    free(sj->boxes);
+    free(sj->rcpt_box);
+    sj->boxes = NULL;
+    sj->nbox = 0;
+    sj->rcpt_box = NULL;
+    return rc;
 }
 
 static int on_data_end(struct session *ss, smtpe_server *s, const smtpe_event *ev, void *owner)
@@ -701,11 +920,11 @@ static int on_data_end(struct session *ss, smtpe_server *s, const smtpe_event *e
     }
     if (ss->store_failed || ss->msg == NULL) /* failed, or --sink */
         return finish_message(ss, s, ev->data_end.size, ev->data_end.flags,
-                              ev->data_end.replies, !ss->store_failed);
+                              ev->data_end.replies, !ss->store_failed, 0, NULL, EIO);
     if ((sj = job_get(ss)) == NULL) {
         host_log("error sid=%s id=%s maildir: out of memory", ss->sid, ss->queue_id);
         return finish_message(ss, s, ev->data_end.size, ev->data_end.flags,
-                              ev->data_end.replies, 0);
+                              ev->data_end.replies, 0, 0, NULL, ENOMEM);
     }
     sj->kind = JOB_COMMIT;
     sj->base.queue = JOB_QUEUE_STORE;
@@ -713,6 +932,14 @@ static int on_data_end(struct session *ss, smtpe_server *s, const smtpe_event *e
     memcpy(sj->sid, ss->sid, sizeof sj->sid);
     sj->msg = ss->msg;
     ss->msg = NULL;
+    /* the mailboxes go with the message (it points into them) until the job is back */
+    sj->boxes = ss->boxes;
+    sj->nbox = ss->nbox;
+    sj->rcpt_box = ss->rcpt_box;
+    ss->boxes = NULL;
+    ss->nbox = ss->box_cap = 0;
+    ss->rcpt_box = NULL;
+    ss->rcpt_box_cap = 0;
     sj->size = ev->data_end.size;
     sj->flags = ev->data_end.flags;
     sj->replies = ev->data_end.replies;

@@ -73,6 +73,15 @@ struct session {
      * names; kept for the session, freed by session_free. */
     char *rcpts_buf;
     size_t rcpts_len, rcpts_cap;
+    /* The distinct mailboxes of the transaction (one without a --maildir template), decided
+     * at RCPT; and for each accepted recipient, in order, the index of its mailbox. Both grow
+     * as recipients come, are emptied by each transaction, lent to the commit job, and freed
+     * by session_free. */
+    struct maildir_box *boxes;
+    size_t nbox, box_cap;
+    unsigned *rcpt_box;
+    size_t rcpt_box_cap;
+    int binarymime;                  /* the MAIL had BODY=BINARYMIME: content stored as sent */
     char queue_id[MAILDIR_QUEUE_ID_LEN + 1];
     struct maildir_msg *msg;         /* message being written, NULL if none (or --sink) */
     int store_failed;                /* the message could not be opened or written */

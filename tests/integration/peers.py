@@ -1015,6 +1015,11 @@ class Postfix(MaildirPeer):
     asynchronous = True
     records_auth = True
 
+    # Appended to main.cf and master.cf (later main.cf lines win): a test's own routing, e.g.
+    # a transport that relays a domain to a server under test on 127.0.0.1.
+    extra_main_cf = ""
+    extra_master_cf = ""
+
     def __init__(self):
         super().__init__()
         self.mailboxes = [self.address(u) for u in MAILBOXES + (UTF8_MAILBOX,)]
@@ -1056,17 +1061,20 @@ class Postfix(MaildirPeer):
         with open(os.path.join(d, "etc", "main.cf"), "w") as f:
             f.write(_POSTFIX_MAIN_CF.format(d=d, domain=DOMAIN, uid=nobody.pw_uid,
                                             gid=nobody.pw_gid, cert=self.ca_file,
-                                            key=self.key_file, auth_socket=self._auth_socket))
+                                            key=self.key_file, auth_socket=self._auth_socket)
+                    + self.extra_main_cf.format(d=d))
         etc = os.path.join(d, "etc")
         ports = free_port(), free_port()
         with open(os.path.join(etc, "master.cf"), "w") as f:
-            f.write(_POSTFIX_MASTER_CF.format(port=ports[0], tls_port=ports[1]))
+            f.write(_POSTFIX_MASTER_CF.format(port=ports[0], tls_port=ports[1])
+                    + self.extra_master_cf)
         _postfix_queue(d, etc, postfix_user, grp.getgrnam("postdrop").gr_gid)
         self.unix = os.path.join(d, "queue", "public", "smtp-unix")
         for attempt in range(3):
             port, tls_port = ports if attempt == 0 else (free_port(), free_port())
             with open(os.path.join(etc, "master.cf"), "w") as f:
-                f.write(_POSTFIX_MASTER_CF.format(port=port, tls_port=tls_port))
+                f.write(_POSTFIX_MASTER_CF.format(port=port, tls_port=tls_port)
+                        + self.extra_master_cf)
             # Postfix's configuration reader waits (in steps of 0.3 s) until main.cf is a few
             # seconds old; written just now, it is dated back instead
             past = time.time() - 60

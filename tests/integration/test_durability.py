@@ -235,8 +235,9 @@ class Server:
     """smtpe-server in its own process group, stderr to a file."""
 
     def __init__(self, exe, port, maildir, logpath, model_args):
+        # --maildir-crlf: each file is checked byte-exact against what loadgen sent
         self.cmd = [exe, "--listen", "127.0.0.1:%d" % port, "--maildir", maildir,
-                    "--hostname", HOST, "--drain-seconds", "2"] + model_args
+                    "--maildir-crlf", "--hostname", HOST, "--drain-seconds", "2"] + model_args
         self.logpath = logpath
         self.log = open(logpath, "wb")
         self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL,

@@ -130,7 +130,9 @@ class Server(ts.Server):
     def __init__(self, *args, listen="127.0.0.1:0", hostname=HOST):
         self.dir = tempfile.mkdtemp(prefix="smtpe-ext-")
         self.maildir = os.path.join(self.dir, "maildir")
-        cmd = ["--listen", listen, "--maildir", self.maildir, "--hostname", hostname]
+        # byte-exact against the wire: CRLF kept (test_server.Server says why)
+        cmd = ["--listen", listen, "--maildir", self.maildir, "--hostname", hostname,
+               "--maildir-crlf"]
         cmd += list(args)
         self._spawn(cmd)  # under the wrapper (--wrapper), if any
         line = self.wait_log(lambda l: "listening on" in l, SAFETY)

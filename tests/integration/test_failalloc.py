@@ -507,8 +507,8 @@ class Run(ts.StderrLog):
         args, script = CONFIGS[config]
         self.script = script
         args = args() if callable(args) else args
-        cmd = [server, "--listen", "127.0.0.1:0", "--maildir", self.maildir, "--hostname", HOST,
-               "--drain-seconds", "5"] + model_args + args
+        cmd = [server, "--listen", "127.0.0.1:0", "--maildir", self.maildir, "--maildir-crlf",
+               "--hostname", HOST, "--drain-seconds", "5"] + model_args + args
         if valgrind:  # as valgrind_integration runs it (tests/integration/CMakeLists.txt)
             supp = os.path.join(os.path.dirname(os.path.abspath(__file__)), "valgrind.supp")
             cmd = ["valgrind", "--error-exitcode=%d" % VALGRIND_EXIT, "--leak-check=full",

@@ -178,14 +178,22 @@ class StderrLog:
 class Server(StderrLog):
     """One smtpe-server process on 127.0.0.1:0 with its own temporary Maildir."""
 
-    def __init__(self, *args, hostname=HOST, maildir=True):
+    def __init__(self, *args, hostname=HOST, maildir=True, crlf=True):
         self.dir = tempfile.mkdtemp(prefix="smtpe-it-")
         cmd = ["--listen", "127.0.0.1:0"]
-        if maildir:
+        if isinstance(maildir, str):  # a --maildir value of the test's ({dir}: self.dir)
+            self.maildir = maildir.replace("{dir}", self.dir)
+            cmd += ["--maildir", self.maildir]
+        elif maildir:
             self.maildir = os.path.join(self.dir, "maildir")
             cmd += ["--maildir", self.maildir]
         else:  # the default, relative to the working directory
             self.maildir = os.path.join(self.dir, "var", "maildir")
+        # The suites built on this class check what was stored against what went over the wire,
+        # octet for octet: they keep the wire's CRLF (the default LF form, CRLF -> LF, is
+        # test_delivery.py's).
+        if crlf:
+            cmd += ["--maildir-crlf"]
         if hostname is not None:
             cmd += ["--hostname", hostname]
         if "--model" not in args:
@@ -1439,7 +1447,8 @@ class TestServer(Base):
         text = p.stdout.decode("utf-8", "replace")
         for opt in ("--listen", "--maildir", "--sink", "--hostname", "--max-message-size",
                     "--max-recipients", "--max-clients", "--domain", "--model", "--line-ending",
-                    "--command-timeout-ms", "--data-timeout-ms", "--help"):
+                    "--command-timeout-ms", "--data-timeout-ms", "--maildir-crlf",
+                    "--no-delivered-to", "--help"):
             self.assertIn(opt, text)
 
     def test_bad_option_fails(self):
