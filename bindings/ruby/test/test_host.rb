@@ -142,10 +142,46 @@ class TestHost < Minitest::Test
     thread&.join(5)
   end
 
+  # Under threads and under fibers (whose every wait goes through the connection's one
+  # reactor registration: a second one for the handshake's waits ended every STARTTLS).
   def test_starttls_with_net_smtp_into_maildir
+    %i[threads fibers].each { |model| starttls_into_maildir(model) }
+  end
+
+  # The whole STARTTLS handshake is bounded by the engine's deadline (here 1.5 s), however the
+  # client spreads it: before, each of its reads waited 30 s afresh.
+  def test_starttls_handshake_dripped_is_dropped
+    cfg = Smtpe::ServerConfig.new(extensions: %i[default starttls], command_timeout_ms: 1500)
+    with_server(model: :threads, handler: Smtpe::Handler.new, config: cfg, tls_context: self_signed) do |port|
+      s = Socket.tcp("127.0.0.1", port)
+      s.gets
+      s.write("EHLO c\r\n")
+      nil until s.gets.start_with?("250 ")
+      s.write("STARTTLS\r\n")
+      assert_match(/\A220 /, s.gets)
+      t0 = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      hello = "\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03".b # a ClientHello's start
+      closed = false
+      hello.each_char do |ch|
+        s.write(ch)
+        sleep 0.4
+      rescue Errno::EPIPE, Errno::ECONNRESET
+        closed = true
+        break
+      end
+      closed ||= s.wait_readable(5) && (s.read_nonblock(100, exception: false).nil? rescue true) # rubocop:disable Style/RescueModifier
+      waited = Process.clock_gettime(Process::CLOCK_MONOTONIC) - t0
+      assert closed, "the dripped handshake still open after #{waited} s"
+      assert_operator waited, :<, 8
+    ensure
+      s&.close
+    end
+  end
+
+  def starttls_into_maildir(model)
     Dir.mktmpdir do |dir|
       cfg = Smtpe::ServerConfig.new(hostname: "tls.test", extensions: %i[default starttls], require_tls: true)
-      with_server(model: :threads, handler: Smtpe::Maildir.new(dir), config: cfg, tls_context: self_signed) do |port|
+      with_server(model: model, handler: Smtpe::Maildir.new(dir), config: cfg, tls_context: self_signed) do |port|
         Timeout.timeout(20) do
           smtp = Net::SMTP.new("127.0.0.1", port)
           ctx = OpenSSL::SSL::SSLContext.new

@@ -641,6 +641,66 @@ class TestHostileHost < Minitest::Test
     end
   end
 
+  # Fixed (a regression case now): under the Fiber models the first write that met a full
+  # socket buffer ended the session (its wait registered the socket with the reactor a second
+  # time). A client that pipelines 100 000 NOOPs and reads only after a second gets them all.
+  def test_pipelined_flood_read_late_gets_every_reply
+    %w[fibers prefork threads].each do |model|
+      with_child_server(server_script(model, timeout_ms: 20_000)) do |port|
+        s = Socket.tcp("127.0.0.1", port)
+        s.gets
+        n = 100_000
+        writer = Thread.new { s.write("NOOP\r\n" * n) }
+        sleep 1
+        got = 0
+        buf = +""
+        Timeout.timeout(60) do
+          while got < n
+            buf << s.readpartial(65_536)
+            got += buf.count("\n")
+            buf = buf[(buf.rindex("\n") + 1)..] || +"" if buf.include?("\n")
+          end
+        end
+        writer.join
+        assert_equal n, got, model
+        s.close
+      end
+    end
+  end
+
+  # Fixed (a regression case now): Smtpe::SMTP took the whole output from the engine, then
+  # waited to write it without reading, so a 250 the server sent before it had read the content
+  # (8 MB: more than the socket buffers hold) was fed only after the end of the content counted
+  # as handed out, and taken as its reply: "delivered". It reads while its writes wait now.
+  def test_client_early_250_while_content_blocked_is_not_delivered
+    srv = TCPServer.new("127.0.0.1", 0)
+    t = Thread.new do
+      c = srv.accept
+      rl = -> { c.gets("\r\n") }
+      c.write("220 mx\r\n")
+      rl.()
+      c.write("250 mx\r\n")
+      2.times { rl.() && c.write("250 ok\r\n") }
+      rl.()
+      c.write("354 go\r\n")
+      sleep 0.3
+      c.write("250 2.0.0 queued before any content was read\r\n")
+      nil until rl.().nil?
+    rescue IOError, SystemCallError
+      nil
+    ensure
+      c&.close
+    end
+    r = Smtpe::SMTP.start("127.0.0.1", srv.addr[1], helo: "c", command_timeout_ms: 3000,
+                                                    data_timeout_ms: 3000) do |smtp|
+      smtp.send_message("#{"y" * 78}\r\n" * 100_000, "a@b", "r1@x")
+    end
+    refute r.delivered?, r.outcomes.inspect
+  ensure
+    t&.join(10)
+    srv&.close
+  end
+
   # An idle client gets the engine's 421 4.4.2 at its command timeout under every model (the
   # Fiber models' reads have no timer of their own: the DeadlineSweeper ends them, up to its
   # 1 s interval late), and the connection is closed.

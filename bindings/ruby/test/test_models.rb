@@ -506,10 +506,11 @@ class TestModels < Minitest::Test
   def test_smtp_client_binding_against_smtpe_server
     server_bin = File.join(c_build, "smtpe-server")
     help, = run_command(server_bin, "--help")
-    %w[--listen --maildir --hostname --drain-seconds].each { |flag| assert_includes help, flag }
+    %w[--listen --maildir --maildir-crlf --hostname --drain-seconds].each { |flag| assert_includes help, flag }
     assert_includes help, "listening on ADDR:PORT"
-    with_server([server_bin, "--listen", "127.0.0.1:0", "--maildir", maildir, "--hostname", "mx.test",
-                 "--drain-seconds", "1"]) do |server|
+    # --maildir-crlf: the file keeps the wire's line ends, so the content compares as sent
+    with_server([server_bin, "--listen", "127.0.0.1:0", "--maildir", maildir, "--maildir-crlf",
+                 "--hostname", "mx.test", "--drain-seconds", "1"]) do |server|
       results = step do
         Smtpe::SMTP.start("127.0.0.1", server.port, helo: "client.example") do |smtp|
           [smtp.send_message(MESSAGE, FROM, *TO), smtp.send_message(MESSAGE, "", "dave@example.net")]

@@ -18,6 +18,8 @@ module Smtpe
     WRITE_TIMEOUT = 300
     # Seconds at most for a closing session's last reply to a peer that reads nothing.
     LAST_REPLY_TIMEOUT = 10
+    # Seconds at most for the whole STARTTLS handshake (less if the engine's deadline is nearer).
+    HANDSHAKE_TIMEOUT = 30
 
     # io:: a connected socket; driver:: the session; tls_context:: an
     # OpenSSL::SSL::SSLContext for STARTTLS (nil: none); reply_delay:: seconds to wait before
@@ -32,6 +34,8 @@ module Smtpe
       @write_timeout = write_timeout
       @sweeper = sweeper
       @buf = sweeper ? sweeper.read_buffer : String.new(capacity: READ_SIZE, encoding: Encoding::BINARY)
+      # every wait on the socket goes through it: the reactor takes one registration per IO
+      @waiter = sweeper&.waiter(io)
       @io = io
       @driver = driver
       @tls_context = tls_context
@@ -52,14 +56,28 @@ module Smtpe
       @driver.eof(Smtpe.now_ms) unless e.is_a?(EOFError) && @driver.closed?
     rescue SignalException, SystemExit
       raise
-    rescue Exception => e # rubocop:disable Lint/RescueException: one session's bug ends only it
-      warn "smtpe: session ended by #{e.class}: #{e.message}"
-      @driver.eof(Smtpe.now_ms)
+    rescue Exception => e # rubocop:disable Lint/RescueException
+      # the scheduler stopping this Fiber (async's Stop, at the server's stop) is no bug of
+      # the session's: the session ends as at EOF, without a warning, and the Fiber stops
+      if Connection.stop?(e)
+        @driver.eof(Smtpe.now_ms)
+        raise
+      end
+
+      session_bug(e)
     ensure
       close
     end
 
+    # Whether e is a Fiber scheduler's order to stop (Async::Stop), not a failure.
+    def self.stop?(e) = defined?(Async::Stop) && e.is_a?(Async::Stop)
+
     private
+
+    def session_bug(e) # one session's bug ends only it
+      warn "smtpe: session ended by #{e.class}: #{e.message}"
+      @driver.eof(Smtpe.now_ms)
+    end
 
     # One read (or the deadline): the driver's output, or nil at EOF. It waits before it reads:
     # in a request-reply protocol the peer's next octets are rarely there yet when our reply
@@ -77,7 +95,7 @@ module Smtpe
           @driver.eof(Smtpe.now_ms)
           return nil
         when :wait_readable then next
-        when :wait_writable then raw.wait_writable(30) or raise IOError, "TLS write timed out"
+        when :wait_writable then wait_io(:writable, 30) or raise IOError, "TLS write timed out"
         else return @driver.receive(data, Smtpe.now_ms)
         end
       end
@@ -86,7 +104,8 @@ module Smtpe
     # Waits until the peer's octets are there (truthy) or the engine's deadline passed (false).
     def wait_readable(raw)
       deadline = @driver.deadline
-      return @sweeper.wait_readable(@waiter ||= @sweeper.waiter(raw), deadline) if @sweeper
+      @wait_ms = deadline - Smtpe.now_ms if deadline # what the engine gave the peer for its turn
+      return @sweeper.wait_readable(@waiter, deadline) if @sweeper
 
       raw.wait_readable(deadline && [(deadline - Smtpe.now_ms) / 1000.0, 0].max)
     end
@@ -100,9 +119,9 @@ module Smtpe
         n = @io.write_nonblock(rest, exception: false)
         case n
         when :wait_writable
-          @io.to_io.wait_writable(write_wait) or raise IOError, "peer reads nothing: write timed out"
+          wait_io(:writable, write_wait) or raise IOError, "peer reads nothing: write timed out"
         when :wait_readable # TLS renegotiation wants to read
-          @io.to_io.wait_readable(write_wait) or raise IOError, "TLS write timed out"
+          wait_io(:readable, write_wait) or raise IOError, "TLS write timed out"
         else
           rest = rest.byteslice(n, rest.bytesize - n)
         end
@@ -119,16 +138,29 @@ module Smtpe
       @driver.closed? ? [@write_timeout, LAST_REPLY_TIMEOUT].min : @write_timeout
     end
 
-    # STARTTLS accepted and its 220 written: the handshake, then the session starts afresh.
+    # Waits up to +seconds+ for the socket to be :readable or :writable: truthy, or false at
+    # the limit. Through the connection's waiter when it has one (see DeadlineSweeper).
+    def wait_io(event, seconds)
+      return @sweeper.wait_for(@waiter, event, seconds) if @waiter
+
+      raw = @io.to_io
+      event == :readable ? raw.wait_readable(seconds) : raw.wait_writable(seconds)
+    end
+
+    # STARTTLS accepted and its 220 written: the handshake, then the session starts afresh. The
+    # whole handshake has HANDSHAKE_TIMEOUT, or less when the engine gave the peer less for
+    # its last turn (its command timeout: the engine has no deadline while TLS starts),
+    # however the client spreads its octets.
     def start_tls
       ssl = OpenSSL::SSL::SSLSocket.new(@io, @tls_context)
       ssl.sync_close = true
+      limit = Smtpe.now_ms + [HANDSHAKE_TIMEOUT * 1000, @wait_ms || Float::INFINITY].min
       loop do
-        case ssl.accept_nonblock(exception: false)
-        when :wait_readable then @io.wait_readable(30) or raise IOError, "TLS handshake timed out"
-        when :wait_writable then @io.wait_writable(30) or raise IOError, "TLS handshake timed out"
-        else break
-        end
+        r = ssl.accept_nonblock(exception: false)
+        break unless r.is_a?(Symbol)
+
+        left = [(limit - Smtpe.now_ms) / 1000.0, 0].max
+        wait_io(r == :wait_readable ? :readable : :writable, left) or raise IOError, "TLS handshake timed out"
       end
       @io = ssl
       write(@driver.tls_started(Smtpe.now_ms))
@@ -178,6 +210,14 @@ module Smtpe
 
     # Removes +waiter+ from the reactor; before its IO is closed.
     def release(waiter) = waiter.reactor = nil
+
+    # Waits up to +seconds+ (nil: no limit) for +waiter+'s IO to be :readable or :writable:
+    # truthy, or false at the limit.
+    def wait_for(waiter, event, seconds)
+      event == :readable ? waiter.wait_readable(seconds) : waiter.wait_writable(seconds)
+    rescue Async::TimeoutError
+      false
+    end
 
     # Waits until +io+ (a #waiter, or an IO) is readable (returns truthy) or +deadline+
     # (Smtpe.now_ms milliseconds; nil: none) has passed (returns false, up to the interval

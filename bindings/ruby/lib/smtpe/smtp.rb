@@ -83,7 +83,7 @@ module Smtpe
         @session = ClientSession.new(@config, Smtpe.now_ms)
         @inbuf = String.new(capacity: 16_384, encoding: Encoding::BINARY)
         @rbuf = String.new(capacity: 16_384, encoding: Encoding::BINARY)
-        @out = String.new(capacity: 16_384, encoding: Encoding::BINARY)
+        @out = String.new(encoding: Encoding::BINARY) # taken from the engine, not yet written
         @closed = nil
         @session.tls_started(Smtpe.now_ms) if opts[:tls] == :implicit && handshake
         run { @ready || @closed }
@@ -135,7 +135,7 @@ module Smtpe
           handle(ev)
         end
         stream_content if @pos && @session.want_content?
-        flush
+        next read if flush == :readable # the server spoke while our write waited: hear it first
         return if yield
         next if @session.want.anybits?(WANT_EVENT) # flush's timeout queued the Closed event
 
@@ -172,22 +172,32 @@ module Smtpe
       @pos = nil if @pos && @pos >= @content.bytesize && !@session.want_content?
     end
 
-    # Writes the queued output; a server that stops reading is as late as one that stops
-    # answering: the engine's deadline (the data block timeout while content goes) ends it.
+    # Writes the queued output, taking more from the engine only once what it took is written;
+    # a server that stops reading is as late as one that stops answering: the engine's deadline
+    # (the data block timeout while content goes) ends it. Returns :readable when the server
+    # sent octets while a write waited: the caller reads and feeds them before more output is
+    # taken, so that a reply begun before the end of the content was handed out is judged as
+    # such (smtpe.h: a host feeds everything it has read before it sends output queued since).
     def flush
-      @out.clear
-      @session.take_output(@out)
-      rest = @out
-      until rest.empty?
-        n = @io.write_nonblock(rest, exception: false)
+      @session.take_output(@out) if @out.empty? # more only once the rest was written
+      until @out.empty?
+        n = @io.write_nonblock(@out, exception: false)
         if n.is_a?(Integer)
-          rest = rest.byteslice(n, rest.bytesize - n)
+          @out = @out.byteslice(n, @out.bytesize - n)
           next
         end
         deadline = @session.expiry(Smtpe.now_ms)
         wait = deadline ? [(deadline - Smtpe.now_ms) / 1000.0, 0].max : 300
         raw = @io.to_io
-        next if n == :wait_writable ? raw.wait_writable(wait) : raw.wait_readable(wait)
+        if n == :wait_writable
+          r, w = IO.select([raw], [raw], nil, wait)
+          # octets from the server while ours wait: read before the engine hands out more
+          # (the end of the content among it), so that a reply begun before it is judged so
+          return :readable if r && !r.empty?
+          next if w
+        elsif raw.wait_readable(wait) # TLS wants to read first
+          next
+        end
         next unless deadline.nil? || @session.handle_expiry(Smtpe.now_ms)
 
         @session.lost unless @session.want_close?
