@@ -15,13 +15,14 @@ set -euo pipefail
 # when there is no npm: a Node.js of the machine's stays): the real-server peers of the client's
 # interop tests (tests/integration/peers.py), each run as a private instance; npm ci puts
 # nodemailer's smtp-server (pinned in tests/integration/peers/node/package-lock.json) there.
+# groff-base, man-db: the man pages' test (tests/integration/test_manpages.py: groff -ww, man -l).
 # ruby, ruby-dev, ruby-async, ruby-minitest: the Ruby gem (bindings/ruby: the extension's build,
 # the Fiber models, its minitest suite; Net::SMTP is Ruby's own bundled gem).
 PACKAGES=(build-essential cmake pkg-config clang libclang-rt-14-dev libcmocka-dev python3 swaks curl
     libssl-dev libcrypt-dev openssl haproxy libnet-ssleay-perl gnuplot-nox valgrind abigail-tools
     libuv1-dev libevent-dev postfix dovecot-core dovecot-lmtpd python3-aiosmtpd golang-go
     golang-github-emersion-go-smtp-dev golang-github-emersion-go-sasl-dev ruby ruby-dev
-    ruby-async ruby-minitest s-nail "$@")
+    ruby-async ruby-minitest s-nail groff-base man-db "$@")
 command -v npm >/dev/null 2>&1 || PACKAGES+=(nodejs npm)
 
 # node_peer_modules: npm ci in tests/integration/peers/node unless its node_modules is as new as

@@ -111,7 +111,9 @@ for f in "$PREFIX/$LIBREL/cmake/smtpe/"smtpeTargets-*.cmake; do
 done
 ((${#CONFIG_FILES[@]} > 0)) || fail "no smtpeTargets-<config>.cmake installed"
 SERVER=()
-grep -q '^SMTPE_BUILD_SERVER:BOOL=ON' "$BUILD/CMakeCache.txt" && SERVER=(bin/smtpe-send bin/smtpe-server)
+grep -q '^SMTPE_BUILD_SERVER:BOOL=ON' "$BUILD/CMakeCache.txt" &&
+    SERVER=(bin/smtpe-send bin/smtpe-server share/man/man1/smtpe-send.1
+        share/man/man8/smtpe-server.8)
 expect_files "$PREFIX" include/smtpe.h "${SERVER[@]}" \
     "$LIBREL/libsmtpe.a" "$LIBREL/libsmtpe.so" "$LIBREL/libsmtpe.so.$ABI" \
     "$LIBREL/libsmtpe.so.$VERSION" "$LIBREL/pkgconfig/smtpe.pc" \
