@@ -40,13 +40,15 @@ int host_signals_init(sigset_t *wait_mask)
     return 0;
 }
 
-int host_signals_stop_on(int sig, sigset_t *wait_mask)
+/* Sets handler for sig, blocks sig, and lets wait_mask (the mask a loop waits with) take it.
+ * Returns 0, or -1 with errno set. */
+static int catch_while_waiting(int sig, void (*handler)(int), sigset_t *wait_mask)
 {
     struct sigaction sa;
     sigset_t block;
 
     memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_stop;
+    sa.sa_handler = handler;
     sigemptyset(&sa.sa_mask);
     sigemptyset(&block);
     sigaddset(&block, sig);
@@ -54,6 +56,11 @@ int host_signals_stop_on(int sig, sigset_t *wait_mask)
         return -1;
     sigdelset(wait_mask, sig);
     return 0;
+}
+
+int host_signals_stop_on(int sig, sigset_t *wait_mask)
+{
+    return catch_while_waiting(sig, on_stop, wait_mask);
 }
 
 int host_stop_requests(void)
@@ -69,18 +76,7 @@ static void on_reload(int sig)
 
 int host_signals_reload_on(int sig, sigset_t *wait_mask)
 {
-    struct sigaction sa;
-    sigset_t block;
-
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_reload;
-    sigemptyset(&sa.sa_mask);
-    sigemptyset(&block);
-    sigaddset(&block, sig);
-    if (sigaction(sig, &sa, NULL) < 0 || sigprocmask(SIG_BLOCK, &block, NULL) < 0)
-        return -1;
-    sigdelset(wait_mask, sig);
-    return 0;
+    return catch_while_waiting(sig, on_reload, wait_mask);
 }
 
 unsigned host_reload_requests(void)
