@@ -785,6 +785,16 @@ void conn_free(struct conn *c)
         host_log_token(helo, sizeof helo, session_helo(ss), strlen(session_helo(ss)));
     else
         snprintf(helo, sizeof helo, "-");
+    /* The socket closed and the seat given back before the line goes out: a connection logged
+     * as gone no longer counts against --max-clients (under --model threads the next accept
+     * could otherwise still find it seated). */
+    tls_conn_free(c->tls); /* a close_notify if the socket takes it at once */
+    c->tls = NULL;
+    if (close(c->fd) < 0 && errno != EINTR)
+        host_log("error sid=%s peer=%s close: %s", ss->sid, ss->peer, strerror(errno));
+    if (c->ss.seat.census != NULL)
+        census_leave(c->ss.seat.census, c->ss.seat.slot, c->ss.seat.key);
+    c->ss.seat.census = NULL;
     host_log("disconnect sid=%s peer=%s helo=%s mail=%u rcpt=%u data=%u delivered=%u errors=%u "
              "in=%llu out=%llu ms=%llu end=%s%s",
              ss->sid, ss->peer, helo,
@@ -794,9 +804,6 @@ void conn_free(struct conn *c)
              extras);
     session_free(&c->ss);
     free(c->own);
-    tls_conn_free(c->tls); /* a close_notify if the socket takes it at once */
-    if (close(c->fd) < 0 && errno != EINTR)
-        host_log("error sid=%s peer=%s close: %s", ss->sid, ss->peer, strerror(errno));
     slot_put(c);
 }
 
