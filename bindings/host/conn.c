@@ -649,6 +649,28 @@ static int read_some(struct conn *c)
     return r == IO_ERROR ? -1 : 0;
 }
 
+/* Whether the stream's first octets, not yet given to the engine, are a TLS handshake record
+ * (RFC 8446 section 5.1: content type 22, legacy version major 3): a client that expected
+ * implicit TLS (RFC 8314), e.g. curl smtps:// on port 25. No SMTP command starts with 0x16.
+ * Before the greeting is out, pregreet's rule applies instead. */
+static int tls_hello_on_plaintext(const struct conn *c)
+{
+    return c->tls_state == CONN_TLS_NONE && c->greeting == GREETING_SENT && c->in_off == 0 &&
+           c->in_len > 0 && c->bytes_in == (uint64_t)c->in_len && c->in[0] == 0x16 &&
+           (c->in_len < 2 || c->in[1] == 0x03);
+}
+
+/* A ClientHello has no line end the engine could answer soon (the client waits for a
+ * ServerHello, the engine for CRLF): the 500 a bad command gets, at once, and close. */
+static void tls_hello_refuse(struct conn *c)
+{
+    session_set_end(&c->ss, "tls-on-plaintext");
+    (void)smtpe_server_close(c->s, 500, "5.5.1",
+                             "Command unrecognized: a TLS handshake on a port without TLS");
+    c->in_off = c->in_len = 0; /* never the engine's */
+    c->hold_until = 1;         /* no --reply-delay-ms for the last word */
+}
+
 unsigned conn_on_readable(struct conn *c, uint64_t now_ms)
 {
     if (c->linger_until != 0) { /* discard until the client closes (a bounded share) */
@@ -664,6 +686,8 @@ unsigned conn_on_readable(struct conn *c, uint64_t now_ms)
     }
     if (read_some(c) < 0)
         return fail(c, "io-error");
+    if (tls_hello_on_plaintext(c))
+        tls_hello_refuse(c);
     return done(c, progress(c, now_ms), now_ms);
 }
 

@@ -1533,6 +1533,36 @@ class TestServer(Base):
         a.cmd("NOOP", "250 2.0.0 Ok")
         b.cmd("NOOP", "250 2.0.0 Ok")
 
+    def test_tls_client_hello_on_plaintext_listener(self):
+        # a client set for implicit TLS (RFC 8314) sends a real ClientHello at once: it gets
+        # a 500 (K21) at once, not after a line end that never comes; the connection is
+        # closed, its log line says why, and the server keeps serving
+        import ssl
+        srv = self.start()
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        tls = ctx.wrap_bio(incoming, outgoing, server_hostname="mx.example")
+        with self.assertRaises(ssl.SSLWantReadError):
+            tls.do_handshake()
+        hello = outgoing.read()
+        self.assertEqual(hello[:2], b"\x16\x03")
+        c = Client(srv.port, greeting=False)
+        c.send(hello)
+        self.assertEqual(c.reply().code, 220)
+        r = c.reply()
+        self.assertTrue(r.text.startswith("500 5.5.1 "), r.lines)
+        c.expect_eof()
+        line = srv.wait_log(lambda l: "disconnect" in l and "end=tls-on-plaintext" in l)
+        self.assertIsNotNone(line, srv.log_text())
+        self.assertIn(" in=%d " % len(hello), line)
+        # a first line that starts with 0x16 but is no TLS record is a bad command, not TLS
+        b = self.client(srv)
+        b.cmd(b"\x16NOOP", "500 5.5.1 Command unrecognized")
+        b.cmd("NOOP", "250 2.0.0 Ok")
+        b.cmd("QUIT", "221 2.0.0 Bye")
+
     def test_silent_client_does_not_block_others(self):
         srv = self.start()
         idle = self.client(srv)                 # says nothing after the greeting
